@@ -1,0 +1,294 @@
+"""The task manifest (`task.toml`): what may change, how to build, which shapes, what tolerance.
+
+A task is a folder holding `task.toml`, a read-only spec module (inputs, reference, the ctypes call,
+FLOP/byte counts) and the kernel sources. Loading validates everything up front and fails with the
+file, the field, the value and what was expected, so a broken manifest never reaches a build.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+KnobValue = int | float | str | bool
+MANIFEST = "task.toml"
+
+
+class TaskError(Exception):
+    """A task folder or manifest that cannot be used; the message names file, field and value."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Knob(Strict):
+    values: list[KnobValue] = Field(min_length=1)
+    default: KnobValue
+    help: str = ""
+
+    @model_validator(mode="after")
+    def _default_allowed(self) -> "Knob":
+        if self.default not in self.values:
+            raise ValueError(f"default {self.default!r} is not one of the allowed values {self.values!r}")
+        return self
+
+
+class Shape(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    dims: dict[str, KnobValue]
+    check: bool = True
+    bench: bool = False
+    weight: float = Field(default=1.0, gt=0)
+    # largest slowdown this shape may show in a gate decision; None -> the task's max_regression
+    max_regression: float | None = Field(default=None, ge=0, lt=1)
+
+    def label(self) -> str:
+        return self.name
+
+
+class Tolerance(Strict):
+    atol: float = Field(default=1e-5, ge=0)
+    rtol: float = Field(default=1e-5, ge=0)
+    # ||out - ref|| / ||ref||; None means only the element-wise bound applies
+    norm_rtol: float | None = Field(default=None, ge=0)
+
+
+class Forbidden(Strict):
+    pattern: str  # a Python regular expression searched in every editable file
+    reason: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        import re
+
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        return pattern
+
+
+class Manifest(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str = ""
+    target: Literal["cuda", "cpu"]
+    arch: str = Field(default="sm_90a", pattern=r"^sm_\d+[a-z]?$")
+    spec: str = "spec.py"
+    sources: list[str] = Field(min_length=1)
+    editable: list[str] = Field(min_length=1)
+    flags: list[str] = Field(default_factory=list)
+    # extra flags per compiler; `flags` goes to both
+    cuda_flags: list[str] = Field(default_factory=list)
+    cxx_flags: list[str] = Field(default_factory=list)
+    knobs: dict[str, Knob] = Field(default_factory=dict)
+    shapes: list[Shape] = Field(min_length=1)
+    tolerance: Tolerance = Tolerance()
+    # per-output overrides, e.g. [tolerance_for.lse]
+    tolerance_for: dict[str, Tolerance] = Field(default_factory=dict)
+    forbidden: list[Forbidden] = Field(default_factory=list)
+    min_gain: float = Field(default=0.01, ge=0, lt=1)
+    max_regression: float = Field(default=0.03, ge=0, lt=1)
+    timeout_s: float = Field(default=300, gt=0)
+
+    @field_validator("knobs", mode="before")
+    @classmethod
+    def _knob_shorthand(cls, knobs: Any) -> Any:
+        # `NAME = [a, b, c]` is shorthand for values = [a, b, c], default = a
+        if isinstance(knobs, dict):
+            return {
+                k: ({"values": v, "default": v[0]} if isinstance(v, list) and v else v) for k, v in knobs.items()
+            }
+        return knobs
+
+    @field_validator("knobs")
+    @classmethod
+    def _knob_names(cls, knobs: dict[str, Knob]) -> dict[str, Knob]:
+        import re
+
+        for name in knobs:
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+                raise ValueError(f"knob name {name!r} must be an upper-case C identifier (it becomes -D{name}=...)")
+        return knobs
+
+    @model_validator(mode="after")
+    def _shapes_sane(self) -> "Manifest":
+        names = [s.name for s in self.shapes]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"shape names repeat: {dupes}")
+        if not any(s.check for s in self.shapes):
+            raise ValueError("no shape has check = true: a task must be checked on at least one shape")
+        if not any(s.bench for s in self.shapes):
+            raise ValueError("no shape has bench = true: a task must be timed on at least one shape")
+        return self
+
+
+class Task:
+    """A loaded, validated task folder."""
+
+    def __init__(self, root: Path, manifest: Manifest):
+        self.root = root
+        self.manifest = manifest
+
+    # -- identity -----------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def target(self) -> str:
+        return self.manifest.target
+
+    @property
+    def spec_path(self) -> Path:
+        return self.root / self.manifest.spec
+
+    # -- shapes --------------------------------------------------------------------------------
+    @property
+    def check_shapes(self) -> list[Shape]:
+        return [s for s in self.manifest.shapes if s.check]
+
+    @property
+    def bench_shapes(self) -> list[Shape]:
+        return [s for s in self.manifest.shapes if s.bench]
+
+    def shape(self, name: str) -> Shape:
+        for s in self.manifest.shapes:
+            if s.name == name:
+                return s
+        raise TaskError(f"{self.root / MANIFEST}: no shape named {name!r} (have {[s.name for s in self.manifest.shapes]})")
+
+    def tolerance(self, output: str) -> Tolerance:
+        return self.manifest.tolerance_for.get(output, self.manifest.tolerance)
+
+    def allowance(self, shape: Shape) -> float:
+        return self.manifest.max_regression if shape.max_regression is None else shape.max_regression
+
+    # -- files ---------------------------------------------------------------------------------
+    def is_editable(self, relpath: str) -> bool:
+        """True when `relpath` (relative to the task folder, '/'-separated) matches an editable glob."""
+        rel = relpath.replace("\\", "/")
+        return any(fnmatch.fnmatchcase(rel, pat) for pat in self.manifest.editable)
+
+    def editable_files(self, root: Path | None = None) -> list[str]:
+        base = root or self.root
+        found = []
+        for p in sorted(base.rglob("*")):
+            if p.is_file() and not p.is_symlink():
+                rel = p.relative_to(base).as_posix()
+                if self.is_editable(rel):
+                    found.append(rel)
+        return found
+
+    # -- knobs ---------------------------------------------------------------------------------
+    def knob_defaults(self) -> dict[str, KnobValue]:
+        return {k: v.default for k, v in self.manifest.knobs.items()}
+
+    def resolve_knobs(self, overrides: dict[str, Any] | None = None) -> dict[str, KnobValue]:
+        """Defaults updated with `overrides`; each override must name a knob and an allowed value.
+
+        String overrides (from the command line) are matched against the allowed values' text.
+        """
+        knobs = self.knob_defaults()
+        for name, raw in (overrides or {}).items():
+            if name not in self.manifest.knobs:
+                raise TaskError(f"{self.root / MANIFEST}: unknown knob {name!r} (knobs: {sorted(self.manifest.knobs)})")
+            allowed = self.manifest.knobs[name].values
+            value = _match_knob_value(raw, allowed)
+            if value is None:
+                raise TaskError(
+                    f"{self.root / MANIFEST}: knob {name}={raw!r} is not allowed (allowed values: {allowed})"
+                )
+            knobs[name] = value
+        return knobs
+
+    def knob_space_size(self) -> int:
+        n = 1
+        for k in self.manifest.knobs.values():
+            n *= len(k.values)
+        return n
+
+    def __repr__(self) -> str:
+        return f"Task({self.name!r}, {self.target}, {self.root})"
+
+
+def _match_knob_value(raw: Any, allowed: list[KnobValue]) -> KnobValue | None:
+    for v in allowed:
+        if raw == v and type(raw) is type(v):
+            return v
+    text = str(raw).strip().lower()
+    for v in allowed:
+        if str(v).lower() == text:
+            return v
+    return None
+
+
+def _format_validation_error(path: Path, exc: ValidationError) -> str:
+    lines = [f"{path}: invalid manifest"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        value = err.get("input")
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (not a manifest field; check the spelling)"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+            shown = ""
+        lines.append(f"  field {loc}: {msg}" + (f" (got {shown})" if shown else ""))
+    return "\n".join(lines)
+
+
+def load_task(path: str | Path) -> Task:
+    """Load and validate the task in folder `path` (or the `task.toml` file itself)."""
+    p = Path(path).expanduser()
+    if p.is_file() and p.name == MANIFEST:
+        p = p.parent
+    manifest_path = p / MANIFEST
+    if not p.is_dir():
+        raise TaskError(f"{p}: no such task folder")
+    if not manifest_path.is_file():
+        raise TaskError(f"{p}: not a task folder (no {MANIFEST} in it)")
+    try:
+        data = tomllib.loads(manifest_path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskError(f"{manifest_path}: not valid TOML: {exc}") from None
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise TaskError(_format_validation_error(manifest_path, exc)) from None
+
+    root = p.resolve()
+    for field, rels in (("spec", [manifest.spec]), ("sources", manifest.sources)):
+        for rel in rels:
+            f = (root / rel).resolve()
+            if not f.is_relative_to(root):
+                raise TaskError(f"{manifest_path}: field {field}: {rel!r} points outside the task folder")
+            if not f.is_file():
+                raise TaskError(f"{manifest_path}: field {field}: file {rel!r} does not exist in {root}")
+    task = Task(root, manifest)
+    if task.is_editable(manifest.spec) or task.is_editable(MANIFEST):
+        raise TaskError(
+            f"{manifest_path}: field editable: {manifest.editable} matches the spec or the manifest, "
+            "which must stay read-only (the gate trusts them)"
+        )
+    for src in manifest.sources:
+        suffix = Path(src).suffix
+        if suffix not in (".cu", ".cpp", ".cc", ".cxx", ".c"):
+            raise TaskError(f"{manifest_path}: field sources: {src!r} has suffix {suffix!r}; expected .cu, .cpp, .cc, .cxx or .c")
+        if suffix == ".cu" and manifest.target != "cuda":
+            raise TaskError(f"{manifest_path}: field sources: {src!r} is CUDA but target is {manifest.target!r}")
+    return task
+
+
+def find_tasks(root: Path) -> list[Path]:
+    """Task folders under `root` (folders holding a task.toml), sorted."""
+    return sorted(p.parent for p in root.glob(f"*/{MANIFEST}"))
