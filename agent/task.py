@@ -8,6 +8,7 @@ file, the field, the value and what was expected, so a broken manifest never rea
 from __future__ import annotations
 
 import fnmatch
+import json
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 KnobValue = int | float | str | bool
 MANIFEST = "task.toml"
+# the session's knob settings, versioned beside the sources; absent means the manifest's defaults
+KNOBS_FILE = "knobs.toml"
 
 
 class TaskError(Exception):
@@ -190,23 +193,52 @@ class Task:
     def knob_defaults(self) -> dict[str, KnobValue]:
         return {k: v.default for k, v in self.manifest.knobs.items()}
 
-    def resolve_knobs(self, overrides: dict[str, Any] | None = None) -> dict[str, KnobValue]:
-        """Defaults updated with `overrides`; each override must name a knob and an allowed value.
-
-        String overrides (from the command line) are matched against the allowed values' text.
-        """
+    def knob_settings(self, folder: Path | None = None) -> dict[str, KnobValue]:
+        """The knob values in force for the task copy in `folder`: defaults, then its knobs.toml."""
         knobs = self.knob_defaults()
-        for name, raw in (overrides or {}).items():
+        path = Path(folder or self.root) / KNOBS_FILE
+        if path.is_file():
+            try:
+                saved = tomllib.loads(path.read_text())
+            except tomllib.TOMLDecodeError as exc:
+                raise TaskError(f"{path}: not valid TOML: {exc}") from None
+            knobs.update(self._validated(saved, path))
+        return knobs
+
+    def resolve_knobs(self, overrides: dict[str, Any] | None = None, folder: Path | None = None) -> dict[str, KnobValue]:
+        """The settings in force (see knob_settings) updated with `overrides`.
+
+        Each override must name a knob and an allowed value; strings (from the command line) are
+        matched against the allowed values' text.
+        """
+        knobs = self.knob_settings(folder)
+        knobs.update(self._validated(overrides or {}, self.root / MANIFEST))
+        return knobs
+
+    def _validated(self, settings: dict[str, Any], where: Path) -> dict[str, KnobValue]:
+        knobs: dict[str, KnobValue] = {}
+        for name, raw in settings.items():
             if name not in self.manifest.knobs:
-                raise TaskError(f"{self.root / MANIFEST}: unknown knob {name!r} (knobs: {sorted(self.manifest.knobs)})")
+                raise TaskError(f"{where}: unknown knob {name!r} (knobs: {sorted(self.manifest.knobs)})")
             allowed = self.manifest.knobs[name].values
             value = _match_knob_value(raw, allowed)
             if value is None:
-                raise TaskError(
-                    f"{self.root / MANIFEST}: knob {name}={raw!r} is not allowed (allowed values: {allowed})"
-                )
+                raise TaskError(f"{where}: knob {name}={raw!r} is not allowed (allowed values: {allowed})")
             knobs[name] = value
         return knobs
+
+    def write_knob_settings(self, folder: Path, knobs: dict[str, KnobValue]) -> Path:
+        """Save the settings that differ from the defaults into folder/knobs.toml (removed when none)."""
+        path = Path(folder) / KNOBS_FILE
+        changed = {k: v for k, v in self._validated(knobs, path).items() if v != self.manifest.knobs[k].default}
+        if not changed:
+            path.unlink(missing_ok=True)
+            return path
+        lines = ["# knob settings chosen by kloop sessions (values must be allowed by task.toml)"]
+        for k, v in sorted(changed.items()):
+            lines.append(f"{k} = {_toml_value(v)}")
+        path.write_text("\n".join(lines) + "\n")
+        return path
 
     def knob_space_size(self) -> int:
         n = 1
@@ -216,6 +248,14 @@ class Task:
 
     def __repr__(self) -> str:
         return f"Task({self.name!r}, {self.target}, {self.root})"
+
+
+def _toml_value(v: KnobValue) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
 
 
 def _match_knob_value(raw: Any, allowed: list[KnobValue]) -> KnobValue | None:

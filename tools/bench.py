@@ -1,0 +1,129 @@
+"""Quick, non-gating timings of one build per bench shape, beside the comparators.
+
+Runs inside the evaluation worker: warm-up, rotated input sets, L2 flushed before every sample,
+median and spread, achieved TFLOP/s and GB/s from the spec's counts. Comparators (the library ops
+the kernel would replace) are timed the same way in the same process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Callable
+
+import torch
+
+from agent.task import Task
+from tools.protocol import BenchReport, ShapeBench, Timing
+from tools.spec import Spec
+from tools.timing import Timer, calls_per_sample, summarize, tensors_bytes
+
+MIN_SAMPLES = 10
+MAX_SAMPLES = 500
+
+
+def make_sets(spec: Spec, dims: dict, gen: torch.Generator, device: torch.device, timer: Timer):
+    """Rotated input sets (and an output set for each): enough that no call finds a warm cache."""
+    first_in = spec.make_inputs(dims, gen, device)
+    first_out = spec.make_outputs(dims, first_in)
+    n = timer.input_sets(tensors_bytes(first_in) + tensors_bytes(first_out))
+    sets = [(first_in, first_out)]
+    for _ in range(n - 1):
+        inp = spec.make_inputs(dims, gen, device)
+        sets.append((inp, spec.make_outputs(dims, inp)))
+    return sets
+
+
+def time_callable(timer: Timer, call_on_set: Callable[[int], None], n_sets: int, max_seconds: float,
+                  flops: float | None, nbytes: float | None) -> Timing:
+    """Median seconds per call of `call_on_set(i)`, rotating i over the input sets."""
+    for i in range(min(n_sets, 3)):  # warm-up: module load, first-touch, clocks ramping
+        call_on_set(i)
+    timer.sync()
+    single = min(timer.run([lambda i=i: call_on_set(i % n_sets) for i in range(3)]))
+    k = calls_per_sample(single)
+    counter = iter(range(1 << 62))
+
+    def sample() -> None:
+        for _ in range(k):
+            call_on_set(next(counter) % n_sets)
+
+    times: list[float] = []
+    deadline = time.monotonic() + max_seconds
+    batch = max(1, min(50, int(0.05 / max(single * k, 1e-7))))
+    while len(times) < MAX_SAMPLES and (len(times) < MIN_SAMPLES or time.monotonic() < deadline):
+        times.extend(t / k for t in timer.run([sample] * batch))
+    wall = [timer.wall(lambda: call_on_set(0)) for _ in range(3)]
+    s = summarize(times)
+    return Timing(
+        **s, calls_per_sample=k, input_sets=n_sets,
+        tflops=flops / s["median"] / 1e12 if flops else None,
+        gbps=nbytes / s["median"] / 1e9 if nbytes else None,
+        wall_median=sorted(wall)[1],
+    )
+
+
+def bench_in_process(task: Task, spec: Spec, lib: ctypes.CDLL | None, shapes: list[str], seed: int,
+                     device: torch.device, max_seconds: float, comparators: bool) -> BenchReport:
+    started = time.monotonic()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    timer = Timer(device)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    report = BenchReport()
+    for name in shapes:
+        dims = task.shape(name).dims
+        row = ShapeBench(shape=name, dims=dims, flops=spec.flops(dims), bytes=spec.bytes_moved(dims))
+        try:
+            sets = make_sets(spec, dims, gen, device, timer)
+            if lib is not None:
+                row.kernel = time_callable(
+                    timer, lambda i: spec.launch(lib, dims, sets[i][0], sets[i][1], stream),
+                    len(sets), max_seconds, row.flops, row.bytes)
+            if comparators:
+                for cname, fn in spec.comparators.items():
+                    try:
+                        row.comparators[cname] = time_callable(
+                            timer, lambda i, fn=fn: fn(dims, sets[i][0], sets[i][1]),
+                            len(sets), max_seconds / 2, row.flops, row.bytes)
+                    except Exception as exc:  # e.g. a backend not available on this GPU
+                        row.comparator_errors[cname] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                        timer.sync()
+            del sets
+        except Exception as exc:
+            row.error = f"{type(exc).__name__}: {exc}"
+        report.shapes.append(row)
+    report.seconds = round(time.monotonic() - started, 3)
+    return report
+
+
+def format_bench(report: BenchReport, where: str = "") -> str:
+    head = f"{'shape':<18} {'what':<14} {'median':>10} {'p10..p90':>21} {'TFLOP/s':>8} {'GB/s':>8} {'n':>5}"
+    rows = [f"timing{(' on ' + where) if where else ''}", head]
+    for s in report.shapes:
+        if s.error:
+            rows.append(f"{s.shape:<18} error: {s.error}")
+            continue
+        entries = ([("kernel", s.kernel)] if s.kernel else []) + list(s.comparators.items())
+        for what, t in entries:
+            rows.append(
+                f"{s.shape:<18} {what:<14} {_t(t.median):>10} {_t(t.p10) + '..' + _t(t.p90):>21} "
+                f"{_f(t.tflops):>8} {_f(t.gbps):>8} {t.samples:>5}"
+            )
+        for what, err in s.comparator_errors.items():
+            rows.append(f"{s.shape:<18} {what:<14} unavailable: {err}")
+    return "\n".join(rows)
+
+
+def _t(seconds: float) -> str:
+    if seconds >= 1e-1:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _f(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.1f}" if x >= 10 else f"{x:.3f}"

@@ -1,0 +1,412 @@
+"""Build a task's sources into one shared library, through a generated build.ninja.
+
+Every build is keyed by a hash of what can change its output (the source files, flags, knobs,
+target, arch and compiler version) and lives in its own folder of the build cache, so an unchanged
+candidate never recompiles and two candidates never share objects. The sources are copied into
+the build folder first: what is built is exactly what was hashed.
+
+`ptxas -v` output is kept per object and parsed per kernel (registers, spills, shared memory,
+stack, barriers); compile errors are trimmed to what a person needs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from agent.task import KnobValue, Task
+
+BUILD_SCHEME = "kloop-build-2"  # bump when the build recipe changes, to invalidate old cache entries
+HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".cuh", ".inc", ".inl")
+MAX_ERRORS = 6
+
+
+class CompileError(BaseModel):
+    file: str | None = None
+    line: int | None = None
+    message: str
+    context: list[str] = Field(default_factory=list)
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}: " if self.file and self.line else (f"{self.file}: " if self.file else "")
+        body = f"{where}{self.message}"
+        return "\n".join([body, *("    " + c for c in self.context)])
+
+
+class KernelResources(BaseModel):
+    name: str  # demangled where possible
+    mangled: str
+    arch: str | None = None
+    registers: int | None = None
+    spill_store_bytes: int = 0
+    spill_load_bytes: int = 0
+    stack_bytes: int = 0
+    smem_bytes: int = 0
+    cmem_bytes: int = 0
+    barriers: int | None = None
+
+
+class BuildResult(BaseModel):
+    ok: bool
+    key: str
+    lib: str | None = None
+    build_dir: str
+    cached: bool = False
+    seconds: float = 0.0
+    compiler: str = ""
+    knobs: dict[str, KnobValue] = Field(default_factory=dict)
+    errors: list[CompileError] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)  # ptxas performance warnings and the like
+    kernels: list[KernelResources] = Field(default_factory=list)
+    log_tail: str = ""  # the raw compiler output's end, for when parsing found nothing
+
+    def error_text(self) -> str:
+        if self.errors:
+            return "\n".join(str(e) for e in self.errors)
+        return self.log_tail
+
+
+class BuildError(Exception):
+    pass
+
+
+# ---- toolchain --------------------------------------------------------------------------------
+
+def _which(name: str) -> str | None:
+    return shutil.which(name)
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version(target: str) -> str:
+    """A one-line description of the compiler that builds `target` tasks (part of the cache key)."""
+    exe = _nvcc() if target == "cuda" else _cxx()
+    if exe is None:
+        return "missing"
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    if target == "cuda":
+        # "Cuda compilation tools, release 13.0, V13.0.88"
+        release = next((l for l in out if "release" in l), out[-1] if out else "")
+        return f"nvcc {release.split('release')[-1].strip(' ,')}" if "release" in release else release
+    return out[0] if out else exe
+
+
+def _nvcc() -> str | None:
+    found = _which("nvcc")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and Path(home, "bin", "nvcc").is_file():
+            return str(Path(home, "bin", "nvcc"))
+    return None
+
+
+def _cxx() -> str | None:
+    return os.environ.get("CXX") or _which("c++") or _which("g++") or _which("clang++")
+
+
+def _ninja() -> str:
+    found = _which("ninja")
+    if found:
+        return found
+    try:  # the `ninja` wheel ships the binary
+        import ninja
+
+        return str(Path(ninja.BIN_DIR) / "ninja")
+    except ImportError as exc:  # pragma: no cover - ninja is a dependency
+        raise BuildError("ninja is not installed (pip install ninja)") from exc
+
+
+def cache_root() -> Path:
+    root = os.environ.get("KLOOP_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "kloop" / "builds"
+
+
+# ---- what a build depends on ------------------------------------------------------------------
+
+def build_inputs(task: Task, src_root: Path) -> list[str]:
+    """Relative paths of the files a build reads: sources, editable files and headers."""
+    wanted = set(task.manifest.sources)
+    for p in src_root.rglob("*"):
+        if not p.is_file() or p.is_symlink():
+            continue
+        rel = p.relative_to(src_root).as_posix()
+        if task.is_editable(rel) or rel.endswith(HEADER_SUFFIXES):
+            wanted.add(rel)
+    return sorted(wanted)
+
+
+def knob_defines(knobs: dict[str, KnobValue]) -> list[str]:
+    out = []
+    for name, value in sorted(knobs.items()):
+        v = int(value) if isinstance(value, bool) else value
+        out.append(f"-D{name}={v}")
+    return out
+
+
+def compile_flags(task: Task, knobs: dict[str, KnobValue]) -> list[str]:
+    m = task.manifest
+    if m.target == "cuda":
+        arch = m.arch
+        virtual = "compute_" + arch.removeprefix("sm_")
+        return [
+            f"-gencode=arch={virtual},code={arch}",
+            "-Xptxas=-v",
+            "-Xcompiler=-fPIC",
+            *m.flags,
+            *m.cuda_flags,
+            *knob_defines(knobs),
+        ]
+    return ["-fPIC", *m.flags, *m.cxx_flags, *knob_defines(knobs)]
+
+
+def build_key(task: Task, src_root: Path, knobs: dict[str, KnobValue]) -> str:
+    h = hashlib.sha256()
+    parts = {
+        "scheme": BUILD_SCHEME,
+        "target": task.target,
+        "compiler": compiler_version(task.target),
+        "flags": compile_flags(task, knobs),
+        "sources": task.manifest.sources,
+    }
+    h.update(json.dumps(parts, sort_keys=True).encode())
+    for rel in build_inputs(task, src_root):
+        f = src_root / rel
+        h.update(rel.encode() + b"\0")
+        h.update(f.read_bytes() if f.is_file() else b"<missing>")
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
+# ---- the build itself -------------------------------------------------------------------------
+
+def _ninja_file(task: Task, knobs: dict[str, KnobValue], lib_name: str) -> str:
+    flags = " ".join(_quote(f) for f in compile_flags(task, knobs))
+    lines = [
+        "ninja_required_version = 1.5",
+        f"flags = {flags}",
+        # the compiler's full output (ptxas -v included) goes to $out.log; on failure ninja shows it
+        f"rule nvcc\n  command = {_quote(_nvcc() or 'nvcc')} $flags -c $in -o $out > $out.log 2>&1 || (cat $out.log; exit 1)\n  description = nvcc $in",
+        f"rule cxx\n  command = {_quote(_cxx() or 'c++')} $flags -c $in -o $out > $out.log 2>&1 || (cat $out.log; exit 1)\n  description = c++ $in",
+    ]
+    objs = []
+    for src in task.manifest.sources:
+        obj = f"obj/{src}.o"
+        objs.append(obj)
+        rule = "nvcc" if src.endswith(".cu") else "cxx"
+        lines.append(f"build {_esc(obj)}: {rule} {_esc('src/' + src)}")
+    if task.target == "cuda":
+        link = f"{_quote(_nvcc() or 'nvcc')} -shared $flags -o $out $in > $out.log 2>&1 || (cat $out.log; exit 1)"
+    else:
+        link = f"{_quote(_cxx() or 'c++')} -shared $flags -o $out $in > $out.log 2>&1 || (cat $out.log; exit 1)"
+    lines.append(f"rule link\n  command = {link}\n  description = link $out")
+    lines.append(f"build {lib_name}: link {' '.join(_esc(o) for o in objs)}")
+    lines.append(f"default {lib_name}")
+    return "\n".join(lines) + "\n"
+
+
+def _quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+def _esc(path: str) -> str:
+    return path.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
+
+
+def build(
+    task: Task,
+    knobs: dict[str, KnobValue] | None = None,
+    src_root: Path | None = None,
+    cache_dir: Path | None = None,
+    timeout: float | None = None,
+) -> BuildResult:
+    """Build `task` with its sources taken from `src_root` (default: the task folder).
+
+    `knobs` are overrides on the task's current settings (validated against the manifest).
+    """
+    src_root = Path(src_root or task.root)
+    knobs = task.resolve_knobs(knobs, folder=src_root)
+    missing = [s for s in task.manifest.sources if not (src_root / s).is_file()]
+    key = build_key(task, src_root, knobs)
+    root = Path(cache_dir or cache_root())
+    final = root / key
+    lib_name = f"lib{task.name}.so"
+    if missing:
+        return BuildResult(ok=False, key=key, build_dir=str(final), knobs=knobs,
+                           errors=[CompileError(file=m, message="source file is missing") for m in missing])
+    done = final / "build.json"
+    if done.is_file():
+        cached = BuildResult.model_validate_json(done.read_text())
+        if not cached.ok or Path(cached.lib or "").is_file():
+            return cached.model_copy(update={"cached": True, "seconds": 0.0})
+
+    started = time.monotonic()
+    root.mkdir(parents=True, exist_ok=True)
+    work = root / f"{key}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+    (work / "src").mkdir(parents=True)
+    for rel in build_inputs(task, src_root):
+        dst = work / "src" / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src_root / rel, dst)
+    (work / "obj").mkdir()
+    for src in task.manifest.sources:
+        (work / "obj" / src).parent.mkdir(parents=True, exist_ok=True)
+    (work / "build.ninja").write_text(_ninja_file(task, knobs, lib_name))
+
+    compiler = compiler_version(task.target)
+    if compiler == "missing":
+        shutil.rmtree(work, ignore_errors=True)
+        what = "nvcc (the CUDA toolkit)" if task.target == "cuda" else "a C++ compiler"
+        return BuildResult(ok=False, key=key, build_dir=str(final), knobs=knobs,
+                           errors=[CompileError(message=f"{what} not found on PATH")])
+    try:
+        proc = subprocess.run([_ninja(), "-C", str(work)], capture_output=True, text=True, timeout=timeout)
+        ninja_out = proc.stdout + proc.stderr
+        ok = proc.returncode == 0
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(work, ignore_errors=True)
+        return BuildResult(ok=False, key=key, build_dir=str(final), knobs=knobs, compiler=compiler,
+                           errors=[CompileError(message=f"build timed out after {timeout:.0f} s")])
+
+    logs = "\n".join(p.read_text(errors="replace") for p in sorted((work / "obj").rglob("*.log")))
+    link_log = work / f"{lib_name}.log"
+    if link_log.is_file():
+        logs += "\n" + link_log.read_text(errors="replace")
+    result = BuildResult(
+        ok=ok,
+        key=key,
+        build_dir=str(final),
+        compiler=compiler,
+        knobs=knobs,
+        seconds=round(time.monotonic() - started, 3),
+        lib=str(final / lib_name) if ok else None,
+        errors=[] if ok else parse_compile_errors(logs or ninja_out, work / "src"),
+        warnings=parse_ptxas_warnings(logs),
+        kernels=parse_ptxas(logs) if task.target == "cuda" else [],
+        log_tail=_tail(logs or ninja_out, 3000),
+    )
+    (work / "build.json").write_text(result.model_dump_json(indent=1))
+    try:
+        work.rename(final)
+    except OSError:  # another process finished the same build first: theirs is identical
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _tail(text: str, n: int) -> str:
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+# ---- parsing compiler output ------------------------------------------------------------------
+
+_NVCC_ERR = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?P<kind>error|catastrophic error)[^:]*: (?P<msg>.*)$")
+_GCC_ERR = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:\d+:)? (?P<kind>error|fatal error): (?P<msg>.*)$")
+_OTHER_ERR = re.compile(r"(ptxas (fatal|error)|nvlink error|undefined reference|ld: |collect2: error|error:)", re.I)
+
+
+def parse_compile_errors(log: str, src_dir: Path) -> list[CompileError]:
+    """The first errors with file:line (relative to the task folder) and a little context."""
+    lines = log.splitlines()
+    prefix = str(src_dir) + os.sep
+    errors: list[CompileError] = []
+    for i, line in enumerate(lines):
+        m = _NVCC_ERR.match(line) or _GCC_ERR.match(line)
+        if m:
+            f = m.group("file").replace(prefix, "").removeprefix("src/")
+            context = []
+            for nxt in lines[i + 1 : i + 4]:  # nvcc and gcc both follow with the source line and a caret
+                if _NVCC_ERR.match(nxt) or _GCC_ERR.match(nxt) or not nxt.strip():
+                    break
+                context.append(nxt.rstrip())
+            errors.append(CompileError(file=f, line=int(m.group("line")), message=m.group("msg").strip(), context=context))
+        elif _OTHER_ERR.search(line) and "error" in line.lower() and not line.startswith(("FAILED:", "ninja:")):
+            errors.append(CompileError(message=line.replace(prefix, "").strip()))
+        if len(errors) >= MAX_ERRORS:
+            break
+    return errors
+
+
+_ENTRY = re.compile(r"ptxas info\s*: Compiling entry function '([^']+)' for '(\w+)'")
+_PROPS = re.compile(r"ptxas info\s*: Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"ptxas info\s*: Used (\d+) registers")
+_BARRIERS = re.compile(r"used (\d+) barriers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_CMEM = re.compile(r"(\d+) bytes cmem\[0\]")
+
+
+def parse_ptxas(log: str) -> list[KernelResources]:
+    """Per entry function: registers, spills, stack, smem, cmem[0], barriers from `ptxas -v`."""
+    kernels: dict[str, KernelResources] = {}
+    current: str | None = None  # the entry function the following "Used ..." line belongs to
+    props_for: str | None = None  # the function the next stack/spill line belongs to
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            current = m.group(1)
+            kernels.setdefault(current, KernelResources(name=current, mangled=current, arch=m.group(2)))
+        elif m := _PROPS.search(line):
+            props_for = m.group(1)
+        elif m := _FRAME.search(line):
+            if props_for in kernels:
+                k = kernels[props_for]
+                k.stack_bytes, k.spill_store_bytes, k.spill_load_bytes = map(int, m.groups())
+            props_for = None
+        elif (m := _USED.search(line)) and current in kernels:
+            k = kernels[current]
+            k.registers = int(m.group(1))
+            if b := _BARRIERS.search(line):
+                k.barriers = int(b.group(1))
+            if s := _SMEM.search(line):
+                k.smem_bytes = int(s.group(1))
+            if c := _CMEM.search(line):
+                k.cmem_bytes = int(c.group(1))
+    names = demangle([k.mangled for k in kernels.values()])
+    return [k.model_copy(update={"name": names.get(k.mangled, k.mangled)}) for k in kernels.values()]
+
+
+def parse_ptxas_warnings(log: str) -> list[str]:
+    seen: list[str] = []
+    for line in log.splitlines():
+        if "ptxas warning" in line or "Potential Performance Loss" in line or re.search(r"\(C7\d{3}\)", line):
+            text = line.strip()
+            if text not in seen:
+                seen.append(text)
+    return seen[:20]
+
+
+def demangle(names: list[str]) -> dict[str, str]:
+    tool = _which("c++filt")
+    mangled = [n for n in names if n.startswith("_Z")]
+    if not tool or not mangled:
+        return {}
+    out = subprocess.run([tool], input="\n".join(mangled), capture_output=True, text=True).stdout.splitlines()
+    return dict(zip(mangled, out)) if len(out) == len(mangled) else {}
+
+
+def format_build(result: BuildResult) -> str:
+    """A compact summary for people and agents."""
+    if not result.ok:
+        return f"build FAILED ({result.compiler}):\n{result.error_text()}"
+    lines = [f"build ok{' (cached)' if result.cached else ''} in {result.seconds:.1f} s, {result.compiler}"]
+    if result.knobs:
+        lines.append("knobs: " + " ".join(f"{k}={v}" for k, v in result.knobs.items()))
+    for k in result.kernels:
+        spill = k.spill_store_bytes + k.spill_load_bytes
+        lines.append(
+            f"  {k.name}: {k.registers} regs, {k.smem_bytes} B smem, {k.stack_bytes} B stack, "
+            f"spills {k.spill_store_bytes}/{k.spill_load_bytes} B st/ld, barriers {k.barriers}"
+            + ("  <-- SPILLS" if spill else "")
+        )
+    for w in result.warnings:
+        lines.append(f"  warning: {w}")
+    return "\n".join(lines)

@@ -1,0 +1,200 @@
+"""Correctness: does the kernel compute the spec's function on fresh random inputs?
+
+Runs inside the evaluation worker. Every check shape is called `rounds` times: the first call on
+freshly drawn inputs, later calls on new values written into the *same* buffers (a kernel that
+caches results by pointer or returns the previous call's output fails there). Outputs are poisoned
+before every call, inputs are verified bit-identical afterwards, and the reference is computed only
+after every candidate call has run, so no reference output exists in memory while the kernel runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import torch
+
+from agent.task import Task
+from tools.protocol import CheckReport, OutputError, ShapeCheck
+from tools.spec import Spec
+
+INT_POISON = -0x5A5A5A5A
+
+
+def poison(outputs: dict[str, torch.Tensor]) -> None:
+    for t in outputs.values():
+        if t.is_floating_point() or t.is_complex():
+            t.fill_(float("nan"))
+        elif t.dtype == torch.bool:
+            t.fill_(True)
+        else:
+            t.fill_(max(INT_POISON, torch.iinfo(t.dtype).min))
+
+
+def snapshot(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+
+
+def changed_inputs(before: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> list[str]:
+    """Names of inputs whose bytes differ from the snapshot (bitwise: NaN == NaN here)."""
+    changed = []
+    for name, old in before.items():
+        new = inputs[name]
+        if old.shape != new.shape or not torch.equal(_bits(old), _bits(new)):
+            changed.append(name)
+    return changed
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    return t.view(torch.uint8) if t.numel() else t
+
+
+def compare(name: str, got: torch.Tensor | None, want: torch.Tensor, atol: float, rtol: float,
+            norm_rtol: float | None) -> OutputError:
+    """Error of one output against its reference; NaN/Inf in the output never pass."""
+    if got is None:
+        return OutputError(name=name, passed=False, problem="the kernel has no such output")
+    if tuple(got.shape) != tuple(want.shape):
+        return OutputError(name=name, passed=False, problem=f"shape {tuple(got.shape)} != reference {tuple(want.shape)}")
+    numel = want.numel()
+    if numel == 0:
+        return OutputError(name=name, passed=True, numel=0)
+    g = got.detach().to(want.device, torch.float64)
+    w = want.detach().to(torch.float64)
+    nonfinite_got = ~torch.isfinite(g)
+    # where the reference itself is not finite the output must match it exactly (e.g. -inf LSE)
+    ref_nonfinite = ~torch.isfinite(w)
+    diff = (g - w).abs()
+    diff = torch.where(ref_nonfinite & (g == w), torch.zeros_like(diff), diff)
+    diff = torch.where(nonfinite_got & ~(ref_nonfinite & (g == w)), torch.full_like(diff, float("inf")), diff)
+    bound = atol + rtol * w.abs().nan_to_num(posinf=0.0, neginf=0.0)
+    bad = diff > bound
+    nonfinite = int((nonfinite_got & ~(ref_nonfinite & (g == w))).sum())
+    mismatches = int(bad.sum())
+    finite_ref = w[~ref_nonfinite]
+    finite_diff = diff[~ref_nonfinite]
+    max_abs = float(finite_diff.max()) if finite_diff.numel() else 0.0
+    scale = finite_ref.abs().clamp_min(max(atol, 1e-30))
+    max_rel = float((finite_diff / scale).max()) if finite_diff.numel() else 0.0
+    ref_norm = float(torch.linalg.vector_norm(finite_ref)) if finite_ref.numel() else 0.0
+    err_norm = float(torch.linalg.vector_norm(finite_diff.nan_to_num(posinf=1e300)))
+    norm_rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
+    worst = int(torch.argmax(torch.where(bad, diff / bound.clamp_min(1e-300), diff).flatten()))
+    idx = list(_unravel(worst, tuple(want.shape)))
+    passed = nonfinite == 0 and mismatches == 0 and (norm_rtol is None or norm_rel <= norm_rtol)
+    return OutputError(
+        name=name, passed=passed, max_abs=max_abs, max_rel=max_rel, norm_rel=norm_rel, nonfinite=nonfinite,
+        mismatches=mismatches, numel=numel, worst_index=idx,
+        worst_got=float(g.flatten()[worst]), worst_want=float(w.flatten()[worst]),
+    )
+
+
+def _unravel(flat: int, shape: tuple[int, ...]):
+    out = []
+    for dim in reversed(shape):
+        out.append(flat % dim if dim else 0)
+        flat //= dim if dim else 1
+    return reversed(out)
+
+
+def check_in_process(task: Task, spec: Spec, lib: ctypes.CDLL, shapes: list[str], seed: int, rounds: int,
+                     device: torch.device) -> CheckReport:
+    started = time.monotonic()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    # phase 1: every candidate call, keeping copies of what it was given and what it wrote
+    runs = []  # (shape, round, dims, inputs copy, outputs copy, changed, error)
+    for name in shapes:
+        dims = task.shape(name).dims
+        inputs = outputs = None
+        for rnd in range(rounds):
+            try:
+                fresh = spec.make_inputs(dims, gen, device)
+                if inputs is None:
+                    inputs = fresh
+                    outputs = spec.make_outputs(dims, inputs)
+                else:  # new values, same addresses
+                    for k, t in fresh.items():
+                        inputs[k].copy_(t)
+                    del fresh
+                poison(outputs)
+                before = snapshot(inputs)
+                _sync(device)
+                spec.launch(lib, dims, inputs, outputs, stream)
+                _sync(device)
+                changed = changed_inputs(before, inputs)
+                runs.append((name, rnd, dims, before, snapshot(outputs), changed, None))
+            except Exception as exc:  # a failing launch costs this shape, the others still run
+                _sync_quietly(device)
+                runs.append((name, rnd, dims, None, None, [], f"{type(exc).__name__}: {exc}"))
+                if _cuda_context_broken(exc):
+                    raise
+                break
+        del inputs, outputs
+    # phase 2: references, computed only now
+    results = []
+    for name, rnd, dims, inputs, outputs, changed, error in runs:
+        if error is not None:
+            results.append(ShapeCheck(shape=name, dims=dims, round=rnd, passed=False, error=error))
+            continue
+        ref = spec.reference(dims, inputs)
+        errs = []
+        for out_name, want in ref.items():
+            tol = task.tolerance(out_name)
+            errs.append(compare(out_name, outputs.get(out_name), want, tol.atol, tol.rtol, tol.norm_rtol))
+        passed = all(e.passed for e in errs) and not changed
+        results.append(ShapeCheck(shape=name, dims=dims, round=rnd, passed=passed, outputs=errs, inputs_changed=changed))
+        del ref
+    return CheckReport(passed=all(r.passed for r in results) and bool(results), shapes=results,
+                       seconds=round(time.monotonic() - started, 3))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _sync_quietly(device: torch.device) -> None:
+    try:
+        _sync(device)
+    except Exception:
+        pass
+
+
+def _cuda_context_broken(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "illegal" in text or "misaligned" in text or "unspecified launch failure" in text
+
+
+def format_check(report: CheckReport) -> str:
+    """One row per shape and output: the errors, and what failed."""
+    rows = [f"{'shape':<18} {'rnd':>3} {'output':<8} {'max_abs':>10} {'max_rel':>10} {'norm_rel':>10} {'bad':>8}  verdict"]
+    for s in report.shapes:
+        if s.error:
+            rows.append(f"{s.shape:<18} {s.round:>3} {'-':<8} {'':>10} {'':>10} {'':>10} {'':>8}  FAIL: {s.error}")
+            continue
+        for o in s.outputs:
+            verdict = "ok" if o.passed else "FAIL"
+            why = []
+            if o.problem:
+                why.append(o.problem)
+            if o.nonfinite:
+                why.append(f"{o.nonfinite} NaN/Inf (unwritten or invalid)")
+            if o.mismatches:
+                why.append(f"{o.mismatches}/{o.numel} outside tolerance; worst at {o.worst_index}: got {o.worst_got:.6g} want {o.worst_want:.6g}")
+            if not o.passed and not why:
+                why.append("norm error over tolerance")
+            rows.append(
+                f"{s.shape:<18} {s.round:>3} {o.name:<8} {_g(o.max_abs):>10} {_g(o.max_rel):>10} {_g(o.norm_rel):>10} "
+                f"{o.mismatches:>8}  {verdict}{': ' + '; '.join(why) if why else ''}"
+            )
+        if s.inputs_changed:
+            rows.append(f"{s.shape:<18} {s.round:>3} {'inputs':<8} FAIL: the kernel wrote into its inputs {s.inputs_changed}")
+    rows.append(f"check {'PASSED' if report.passed else 'FAILED'} ({len(report.failures())} failing of {len(report.shapes)}, {report.seconds:.1f} s)")
+    return "\n".join(rows)
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"

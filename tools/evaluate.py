@@ -1,0 +1,109 @@
+"""The evaluation pipeline behind `kloop eval` and the agent's tools: build, SASS, check, time.
+
+Untrusted code (the built library) only ever runs in a worker process (tools/runner.py).
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from agent.task import KnobValue, Task
+from tools.build import BuildResult, build
+from tools.protocol import BenchReport, CheckReport, DeviceInfo, WorkerRequest, WorkerResult
+from tools.runner import run_worker
+
+BENCH_SECONDS_PER_SHAPE = 1.0
+
+
+class EvalReport(BaseModel):
+    task: str
+    target: str
+    build: BuildResult
+    sass: dict = Field(default_factory=dict)  # kernel -> SassSummary as a dict
+    sass_error: str | None = None
+    check: CheckReport | None = None
+    check_error: str | None = None
+    bench: BenchReport | None = None
+    bench_error: str | None = None
+    device: DeviceInfo | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.build.ok and self.check is not None and self.check.passed
+
+
+def worker_timeout(task: Task, extra: float = 0.0) -> float:
+    return task.manifest.timeout_s + extra
+
+
+def run_check(task: Task, lib: str, seed: int | None = None, shapes: list[str] | None = None,
+              rounds: int = 2, trusted_dir: Path | None = None) -> WorkerResult:
+    """Check `lib` in a fresh worker; the manifest and spec come from `trusted_dir` (default task.root)."""
+    req = WorkerRequest(kind="check", task_dir=str(trusted_dir or task.root), libs=[lib],
+                        shapes=shapes or [s.name for s in task.check_shapes],
+                        seed=secrets.randbits(62) if seed is None else seed, rounds=rounds)
+    return run_worker(req, timeout=worker_timeout(task))
+
+
+def run_bench(task: Task, lib: str | None, shapes: list[str] | None = None, comparators: bool = True,
+              seconds_per_shape: float = BENCH_SECONDS_PER_SHAPE, trusted_dir: Path | None = None) -> WorkerResult:
+    names = shapes or [s.name for s in task.bench_shapes]
+    req = WorkerRequest(kind="bench", task_dir=str(trusted_dir or task.root), libs=[lib] if lib else [],
+                        shapes=names, seed=secrets.randbits(62), comparators=comparators,
+                        max_seconds=seconds_per_shape)
+    budget = len(names) * seconds_per_shape * (1 + 0.5 * len(task_comparators(task)) if comparators else 1)
+    return run_worker(req, timeout=worker_timeout(task, extra=4 * budget + 60))
+
+
+def task_comparators(task: Task) -> list[str]:
+    from tools.spec import load_spec
+
+    try:
+        return list(load_spec(task.spec_path).comparators)
+    except Exception:
+        return []
+
+
+def sass_summary(task: Task, lib: str) -> tuple[dict, str | None]:
+    if task.target != "cuda":
+        return {}, None
+    try:
+        from tools.sass import sass_mix
+
+        mix = sass_mix(Path(lib))
+        return {k: (v.model_dump() if hasattr(v, "model_dump") else v) for k, v in mix.items()}, None
+    except Exception as exc:  # no cuobjdump here: say so, the rest of the evaluation stands
+        return {}, f"{type(exc).__name__}: {exc}"
+
+
+def evaluate(task: Task, knobs: dict[str, KnobValue] | None = None, src_root: Path | None = None,
+             seed: int | None = None, check: bool = True, bench: bool = True, comparators: bool = True,
+             shapes: list[str] | None = None, bench_seconds: float = BENCH_SECONDS_PER_SHAPE) -> EvalReport:
+    """Build, analyse, check and time one version of a task. Timing runs only after a passing check."""
+    built = build(task, knobs, src_root=src_root)
+    report = EvalReport(task=task.name, target=task.target, build=built)
+    if not built.ok:
+        return report
+    report.sass, report.sass_error = sass_summary(task, built.lib)
+    if task.target == "cuda":
+        from tools.device import gpu_available
+
+        if not gpu_available():
+            report.check_error = "no CUDA GPU on this machine: built and analysed only"
+            return report
+    if check:
+        check_shapes = [s for s in (shapes or [s.name for s in task.check_shapes]) if task.shape(s).check or shapes]
+        res = run_check(task, built.lib, seed=seed, shapes=check_shapes)
+        report.device = res.device
+        report.check, report.check_error = res.check, res.error
+        if not (res.ok and res.check and res.check.passed):
+            return report
+    if bench:
+        bench_shapes = [s for s in (shapes or [s.name for s in task.bench_shapes])]
+        res = run_bench(task, built.lib, shapes=bench_shapes, comparators=comparators, seconds_per_shape=bench_seconds)
+        report.device = report.device or res.device
+        report.bench, report.bench_error = res.bench, res.error
+    return report

@@ -1,0 +1,164 @@
+"""Requests to and answers from the evaluation worker: plain data, serialisable, versioned by shape.
+
+Everything untrusted (the candidate's library) runs in the worker; the parent only ever reads these
+models back from a file, so a worker that crashes, hangs or lies about its types cannot hurt it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class DeviceInfo(BaseModel):
+    """Where a number was measured."""
+
+    kind: Literal["cuda", "cpu"]
+    name: str
+    driver: str | None = None
+    cuda_runtime: str | None = None  # the CUDA version torch was built with
+    torch: str | None = None
+    sm_clock_mhz: int | None = None
+    max_sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    sm_count: int | None = None
+    l2_bytes: int | None = None
+    host: str | None = None
+
+    def label(self) -> str:
+        parts = [self.name]
+        if self.driver:
+            parts.append(f"driver {self.driver}")
+        if self.cuda_runtime:
+            parts.append(f"CUDA {self.cuda_runtime}")
+        if self.sm_clock_mhz:
+            parts.append(f"SM {self.sm_clock_mhz}/{self.max_sm_clock_mhz or '?'} MHz")
+        return ", ".join(parts)
+
+
+# ---- correctness --------------------------------------------------------------------------------
+
+class OutputError(BaseModel):
+    name: str
+    passed: bool
+    max_abs: float | None = None
+    max_rel: float | None = None
+    norm_rel: float | None = None
+    nonfinite: int = 0  # NaN/Inf in the kernel's output (poison left unwritten shows up here)
+    mismatches: int = 0  # elements outside atol + rtol * |ref|
+    numel: int = 0
+    worst_index: list[int] = Field(default_factory=list)
+    worst_got: float | None = None
+    worst_want: float | None = None
+    problem: str | None = None  # shape/dtype mismatch, missing output
+
+
+class ShapeCheck(BaseModel):
+    shape: str
+    dims: dict
+    round: int  # which call on this shape (later rounds reuse the buffers with new values)
+    passed: bool
+    outputs: list[OutputError] = Field(default_factory=list)
+    inputs_changed: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
+class CheckReport(BaseModel):
+    passed: bool
+    shapes: list[ShapeCheck] = Field(default_factory=list)
+    seconds: float = 0.0
+
+    def failures(self) -> list[ShapeCheck]:
+        return [s for s in self.shapes if not s.passed]
+
+
+# ---- timing -------------------------------------------------------------------------------------
+
+class Timing(BaseModel):
+    """Times of one callable on one shape, in seconds per call."""
+
+    median: float
+    p10: float
+    p90: float
+    mean: float
+    samples: int
+    calls_per_sample: int = 1
+    input_sets: int = 1
+    tflops: float | None = None
+    gbps: float | None = None
+    wall_median: float | None = None  # host clock around call + device sync (escape detection)
+
+
+class ShapeBench(BaseModel):
+    shape: str
+    dims: dict
+    flops: float | None = None
+    bytes: float | None = None
+    kernel: Timing | None = None
+    comparators: dict[str, Timing] = Field(default_factory=dict)
+    comparator_errors: dict[str, str] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class BenchReport(BaseModel):
+    shapes: list[ShapeBench] = Field(default_factory=list)
+    seconds: float = 0.0
+
+
+class ShapeAB(BaseModel):
+    """Paired timings of best (A) and candidate (B) on one shape; ratio = tA / tB (> 1: B faster)."""
+
+    shape: str
+    weight: float
+    pairs: int
+    log_ratio_mean: float  # trimmed mean of log(tA/tB)
+    log_ratio_se: float
+    speedup: float
+    speedup_lo: float
+    speedup_hi: float
+    time_a: float  # median seconds per call
+    time_b: float
+    wall_a: float | None = None
+    wall_b: float | None = None
+    timed_outputs_ok: bool = True
+    timed_outputs_problem: str | None = None
+
+
+class ABReport(BaseModel):
+    shapes: list[ShapeAB] = Field(default_factory=list)
+    speedup: float = 1.0  # weighted geometric mean over shapes
+    speedup_lo: float = 1.0
+    speedup_hi: float = 1.0
+    pairs: int = 0
+    timing_seconds: float = 0.0
+    stopped_because: str = ""
+
+
+# ---- the envelope -------------------------------------------------------------------------------
+
+class WorkerRequest(BaseModel):
+    kind: Literal["check", "bench", "ab", "probe"]
+    task_dir: str  # trusted manifest + spec come from here
+    libs: list[str] = Field(default_factory=list)  # check/bench: [lib]; ab: [best, candidate]
+    shapes: list[str] = Field(default_factory=list)
+    seed: int = 0
+    rounds: int = 2  # check: calls per shape, later ones reuse the buffers with fresh values
+    comparators: bool = True
+    max_seconds: float = 4.0  # bench: per shape; ab: timing for the whole decision
+    min_pairs: int = 20
+    target_halfwidth: float = 0.004  # ab: stop once the log-speedup interval is this tight
+    min_gain: float = 0.01
+    allowances: dict[str, float] = Field(default_factory=dict)  # ab: per-shape regression allowance
+    weights: dict[str, float] = Field(default_factory=dict)
+
+
+class WorkerResult(BaseModel):
+    ok: bool
+    error: str | None = None
+    device: DeviceInfo | None = None
+    check: CheckReport | None = None
+    bench: BenchReport | None = None
+    ab: ABReport | None = None
+    # the worker's timing saw device work outside the stream it timed
+    warnings: list[str] = Field(default_factory=list)

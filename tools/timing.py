@@ -1,0 +1,100 @@
+"""Timers: CUDA events with the L2 flushed before every timed call, or a monotonic clock on the CPU.
+
+Also the input-set rotation (so repeated calls do not time a warm cache) and the calls-per-sample
+batching that keeps launch jitter out of the timings of very short kernels.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import torch
+
+from tools.stats import quantile
+
+CPU_CACHE_BYTES = 32 << 20  # no portable way to read the LLC size; a generous guess
+SET_MEMORY_CAP = {"cuda": 8 << 30, "cpu": 512 << 20}  # bytes all rotated input sets may take
+SHORT_CALL_S = 50e-6  # below this, several calls go in one timed sample
+
+
+def tensors_bytes(d: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in d.values() if isinstance(t, torch.Tensor))
+
+
+class Timer:
+    """Times batches of calls on one device, the cache cold before each sample."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            props = torch.cuda.get_device_properties(device)
+            self.cache_bytes = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
+            # writing twice the L2 evicts whatever the previous call left there
+            self._flush = torch.empty(max(256 << 20, 2 * self.cache_bytes), dtype=torch.uint8, device=device)
+        else:
+            self.cache_bytes = CPU_CACHE_BYTES
+            self._flush = torch.empty(2 * CPU_CACHE_BYTES, dtype=torch.uint8)
+
+    def flush(self) -> None:
+        self._flush.zero_()
+
+    def run(self, calls: list[Callable[[], None]], flush: bool = True) -> list[float]:
+        """Seconds taken by each call, in order, each after an L2 flush."""
+        if not self.cuda:
+            out = []
+            for call in calls:
+                if flush:
+                    self.flush()
+                t0 = time.perf_counter_ns()
+                call()
+                out.append((time.perf_counter_ns() - t0) * 1e-9)
+            return out
+        events = []
+        for call in calls:
+            if flush:
+                self.flush()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize(self.device)
+        return [s.elapsed_time(e) * 1e-3 for s, e in events]
+
+    def wall(self, call: Callable[[], None]) -> float:
+        """Host seconds for the call and *all* device work it caused (every stream)."""
+        self.sync()
+        t0 = time.perf_counter_ns()
+        call()
+        self.sync()
+        return (time.perf_counter_ns() - t0) * 1e-9
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def input_sets(self, bytes_per_set: int) -> int:
+        """How many input sets to rotate so that consecutive calls never find their data cached."""
+        want = max(2, math.ceil(3 * self.cache_bytes / max(bytes_per_set, 1)))
+        cap = SET_MEMORY_CAP["cuda" if self.cuda else "cpu"] // max(bytes_per_set, 1)
+        return int(max(1, min(want, 16, cap)))
+
+
+def calls_per_sample(single_call_s: float, cap: int = 64) -> int:
+    if single_call_s <= 0 or single_call_s >= SHORT_CALL_S:
+        return 1
+    return int(min(cap, math.ceil(SHORT_CALL_S / single_call_s)))
+
+
+def summarize(times: list[float]) -> dict:
+    return {
+        "median": quantile(times, 0.5),
+        "p10": quantile(times, 0.1),
+        "p90": quantile(times, 0.9),
+        "mean": sum(times) / len(times),
+        "samples": len(times),
+    }
