@@ -54,14 +54,17 @@ def print_sass(console: Console, sass: dict) -> None:
     t.add_column("kernel")
     t.add_column("instrs", justify="right")
     t.add_column("families")
-    t.add_column("global ld/st widths")
+    t.add_column("loads/stores by width")
     for name, s in sass.items():
         fams = s.get("families", {})
         top = sorted(fams.items(), key=lambda kv: -kv[1])[:SASS_FAMILIES_SHOWN]
-        widths = s.get("global_widths") or s.get("ldst_widths") or {}
-        t.add_row(_short(name), str(s.get("total", "")), ", ".join(f"{k} {v}" for k, v in top),
-                  ", ".join(f"{k} {v}" for k, v in widths.items()))
+        memory = s.get("memory", {})
+        t.add_row(_short(s.get("kernel") or name), str(s.get("total", "")), ", ".join(f"{k} {v}" for k, v in top),
+                  ", ".join(f"{k} {v}" for k, v in memory.items()))
     console.print(t)
+    for name, s in sass.items():
+        for w in s.get("warnings", []):
+            console.print(f"[yellow]SASS {_short(s.get('kernel') or name, 40)}:[/] {w}", highlight=False)
 
 
 def print_check(console: Console, report: EvalReport) -> None:
