@@ -1,0 +1,252 @@
+"""The shipped `softmax` task (kernels/softmax), checked without a GPU.
+
+- the manifest and the spec load and make sense (deterministic non-trivial inputs, rows of the
+  reference sum to 1, positive FLOP/byte counts, the torch comparator agrees with the reference);
+- the task's tolerance passes a correctly rounded bf16 answer with margin and fails plausible bugs;
+- softmax.cu compiles for sm_90a with the default knobs, with every value of each knob (one knob at
+  a time), and with the gate's test hook (-DKLOOP_TEST_DELAY_NS), with no register spills.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.task import load_task
+from tools.spec import load_spec
+
+TASK_DIR = Path(__file__).resolve().parents[1] / "kernels" / "softmax"
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(TASK_DIR)
+
+
+@pytest.fixture(scope="module")
+def spec(task):
+    return load_spec(task.spec_path)
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor, tol) -> bool:
+    """The task's acceptance rule: element-wise atol/rtol, the norm bound, and no NaN/Inf."""
+    out = out.double()
+    ref = ref.double()
+    if not torch.isfinite(out).all():
+        return False
+    if not ((out - ref).abs() <= tol.atol + tol.rtol * ref.abs()).all():
+        return False
+    if tol.norm_rtol is not None and (out - ref).norm() > tol.norm_rtol * ref.norm():
+        return False
+    return True
+
+
+# ---- manifest + spec ----------------------------------------------------------------------------
+
+def test_manifest(task):
+    m = task.manifest
+    assert task.name == "softmax" and task.target == "cuda" and m.arch == "sm_90a"
+    assert m.sources == ["softmax.cu"]
+    assert task.editable_files() == ["softmax.cu"]
+    assert not task.is_editable("spec.py") and not task.is_editable("task.toml")
+    assert set(m.knobs) == {"THREADS", "VEC", "ONLINE"}
+    assert task.knob_defaults() == {"THREADS": 256, "VEC": 1, "ONLINE": 0}
+    assert m.min_gain == pytest.approx(0.01)
+    assert len(task.bench_shapes) >= 2
+    # every timed shape is also checked, and the check shapes include ragged and odd widths
+    assert all(s.check for s in task.bench_shapes)
+    cols = {int(s.dims["cols"]) for s in task.check_shapes}
+    assert 1 in cols
+    assert any(c % 2 == 1 and c > 1024 for c in cols)  # odd and long: rows start at every alignment
+    assert any(c % 2 == 0 and c % 8 != 0 and c > 1024 for c in cols)  # even but not 16-byte rows
+    assert any(c % 8 == 0 for c in cols)  # all rows 16-byte aligned
+    for s in task.bench_shapes:
+        assert 2 * 2 * s.dims["rows"] * s.dims["cols"] >= 64 * 2**20  # large enough to be memory-bound
+
+
+def test_inputs_deterministic_and_not_trivial(spec):
+    shape = {"rows": 17, "cols": 4097}
+    a = spec.make_inputs(shape, torch.Generator().manual_seed(1234), CPU)["x"]
+    b = spec.make_inputs(shape, torch.Generator().manual_seed(1234), CPU)["x"]
+    c = spec.make_inputs(shape, torch.Generator().manual_seed(1235), CPU)["x"]
+    assert a.dtype == torch.bfloat16 and a.shape == (17, 4097) and a.is_contiguous()
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    assert a.abs().max() > 0 and a.float().std() > 1.0  # spread, not zeros
+    out = spec.make_outputs(shape, {"x": a})["y"]
+    assert out.dtype == torch.bfloat16 and out.shape == (17, 4097) and out.is_contiguous()
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (3, 7), (5, 1001), (64, 12345)])
+def test_reference_rows_sum_to_one(spec, rows, cols):
+    shape = {"rows": rows, "cols": cols}
+    inputs = spec.make_inputs(shape, torch.Generator().manual_seed(7), CPU)
+    ref = spec.reference(shape, inputs)["y"]
+    assert ref.shape == (rows, cols) and ref.dtype == torch.float32
+    assert torch.isfinite(ref).all() and (ref > 0).all()
+    torch.testing.assert_close(ref.double().sum(-1), torch.ones(rows, dtype=torch.float64), atol=1e-5, rtol=0)
+
+
+def test_counts_positive(spec, task):
+    for s in task.manifest.shapes:
+        assert spec.flops(s.dims) > 0
+        assert spec.bytes_moved(s.dims) == 4 * s.dims["rows"] * s.dims["cols"]
+
+
+def test_comparator_agrees_with_reference(spec, task):
+    assert set(spec.comparators) == {"torch.softmax"}
+    shape = {"rows": 33, "cols": 1001}
+    inputs = spec.make_inputs(shape, torch.Generator().manual_seed(3), CPU)
+    outputs = spec.make_outputs(shape, inputs)
+    outputs["y"].fill_(float("nan"))
+    spec.comparators["torch.softmax"](shape, inputs, outputs)
+    assert _close(outputs["y"], spec.reference(shape, inputs)["y"], task.tolerance("y"))
+
+
+# ---- the tolerance: right answers pass with margin, plausible bugs fail -----------------------
+
+def _tail_zeroed(x, ref):
+    w = ref.bfloat16().clone()
+    w[:, -1] = 0  # last (tail) element never computed
+    return w
+
+
+def _tail_shifted(x, ref):
+    w = ref.bfloat16().clone()
+    k = min(5, x.shape[1] - 1)
+    if k > 0:
+        w[:, -k:] = ref.bfloat16()[:, -k - 1 : -1]  # tail read one element off
+    return w
+
+
+def _sum_missing_tail(x, ref):
+    e = torch.exp(x.float() - x.float().max(-1, keepdim=True).values)
+    k = max(1, min(3, x.shape[1] - 1))
+    return (e / e[:, :-k].sum(-1, keepdim=True).clamp_min(1e-30)).bfloat16()
+
+
+def _normaliser_off(x, ref):
+    return (ref * 1.03).bfloat16()
+
+
+def _bf16_exponent_argument(x, ref):
+    d = (x.float() - x.float().max(-1, keepdim=True).values).bfloat16().float()  # x - max rounded to bf16
+    return (torch.exp(d) / torch.exp(d).sum(-1, keepdim=True)).bfloat16()
+
+
+def _row_from_neighbour(x, ref):
+    w = ref.bfloat16().clone()
+    if w.shape[0] > 1:
+        w[-1] = w[-2]
+    return w
+
+
+WRONG = [_tail_zeroed, _tail_shifted, _sum_missing_tail, _normaliser_off, _bf16_exponent_argument, _row_from_neighbour]
+
+
+def test_tolerance_separates_right_from_wrong(spec, task):
+    """On the task's (non-bench) check shapes: right answers pass every shape with a 3x margin on
+    rtol; each plausible bug fails at least one shape (as it would fail the gate's check)."""
+    tol = task.tolerance("y")
+    shapes = [s.dims for s in task.check_shapes if not s.bench]
+    cases = []
+    for i, shape in enumerate(shapes):
+        x = spec.make_inputs(shape, torch.Generator().manual_seed(100 + i), CPU)["x"]
+        cases.append((shape, x, spec.reference(shape, {"x": x})["y"]))
+
+    for shape, x, ref in cases:
+        xf = x.float()
+        e = torch.exp2((xf - xf.max(-1, keepdim=True).values) * 1.4426950408889634)  # a typical fast path
+        fast = (e * (1.0 / e.sum(-1, keepdim=True))).bfloat16()
+        for good in (ref.bfloat16(), fast):
+            assert _close(good, ref, tol), shape
+            assert ((good.double() - ref.double()).abs() <= tol.rtol / 3 * ref.double().abs()).all(), shape
+
+    for wrong in WRONG:
+        caught = [shape for shape, x, ref in cases if not _close(wrong(x, ref), ref, tol)]
+        assert caught, f"the tolerance passes a wrong answer on every check shape: {wrong.__name__}"
+
+
+# ---- compiling softmax.cu ------------------------------------------------------------------------
+
+def _configs(task) -> list[dict]:
+    """Defaults, then every other value of each knob with the rest at their defaults, then the test hook."""
+    defaults = task.knob_defaults()
+    configs = [dict(defaults)]
+    for name, knob in task.manifest.knobs.items():
+        for value in knob.values:
+            if value != knob.default:
+                configs.append({**defaults, name: value})
+    configs.append({**defaults, "KLOOP_TEST_DELAY_NS": 10000})
+    return configs
+
+
+def _label(config: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in config.items())
+
+
+def _compile(task, config: dict, out_dir: Path) -> subprocess.CompletedProcess:
+    arch = task.manifest.arch  # sm_90a
+    lib = out_dir / (re.sub(r"[^A-Za-z0-9]+", "_", _label(config)) + ".so")
+    cmd = [
+        "nvcc",
+        f"-gencode=arch=compute_{arch[3:]},code={arch}",
+        "-Xptxas", "-v",
+        "-shared", "-Xcompiler", "-fPIC",
+        *task.manifest.flags, *task.manifest.cuda_flags,
+        *[f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in config.items()],
+        str(task.root / "softmax.cu"),
+        "-o", str(lib),
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def builds(task, tmp_path_factory):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    out_dir = tmp_path_factory.mktemp("softmax_builds")
+    configs = _configs(task)
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        results = list(pool.map(lambda c: _compile(task, c, out_dir), configs))
+    return {_label(c): r for c, r in zip(configs, results)}
+
+
+_PROPS = re.compile(
+    r"Function properties for (\S+)\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+
+
+def test_every_knob_value_compiles_without_spills(task, builds):
+    assert len(builds) == 1 + sum(len(k.values) - 1 for k in task.manifest.knobs.values()) + 1
+    failures = []
+    for label, r in builds.items():
+        log = r.stdout + r.stderr
+        if r.returncode != 0:
+            failures.append(f"{label}: nvcc exit {r.returncode}\n{log[-3000:]}")
+            continue
+        props = {name: (int(stack), int(st), int(ld)) for name, stack, st, ld in _PROPS.findall(log)}
+        kernels = [n for n in props if "softmax_rows" in n]
+        if len(kernels) != 1:
+            failures.append(f"{label}: expected one softmax_rows kernel in the ptxas report, got {list(props)}")
+        for name, (_, st, ld) in props.items():
+            if st or ld:
+                failures.append(f"{label}: {name} spills {st} bytes stores / {ld} bytes loads")
+        if "KLOOP_TEST_DELAY_NS" in label and not any("kloop_test_delay" in n for n in props):
+            failures.append(f"{label}: the test-hook build has no kloop_test_delay kernel")
+        if "KLOOP_TEST_DELAY_NS" not in label and any("kloop_test_delay" in n for n in props):
+            failures.append(f"{label}: the test-hook kernel is built without KLOOP_TEST_DELAY_NS")
+        elif not hasattr(ctypes.CDLL(str(r.args[r.args.index("-o") + 1])), "kloop_softmax"):
+            failures.append(f"{label}: the library does not export kloop_softmax")
+        if "warning" in log.lower():
+            failures.append(f"{label}: compiler warnings\n{log[-3000:]}")
+    assert not failures, "\n".join(failures)
