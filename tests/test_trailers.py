@@ -1,0 +1,137 @@
+"""agent.trailers: evidence trailers, held to `git interpret-trailers --parse` on real commits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agent.trailers import TITLE_MAX, format_commit_message, parse_trailers, trailer_key
+
+GIT_ENV = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+
+EVIDENCE = [
+    ("Kloop-Speedup", "1.084"),
+    ("Kloop-Speedup-CI", "1.061..1.109 (95%, 40 pairs)"),
+    ("Kloop-Time-n_4096", "12.31us -> 11.36us"),
+    ("Kloop-Time-n.8192", "40.2us -> 37.0us"),
+    ("Kloop-Regs-softmax_kernel", "32 (was 40), spills 0"),
+    ("Kloop-GPU", "NVIDIA H200, driver 560.35.03, nvcc 12.6"),
+    ("Kloop-Run", "20261129-0915-softmax-3fa2"),
+    ("Kloop-Attempt", "7"),
+]
+
+
+def git(cwd: Path, *args: str, input: bytes | None = None) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, input=input, env=GIT_ENV
+    ).stdout.decode()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    git(tmp_path, "init", "-q", "-b", "main")
+    git(tmp_path, "config", "user.name", "Test User")
+    git(tmp_path, "config", "user.email", "test@example.com")
+    return tmp_path
+
+
+def git_parse(repo: Path, message: str) -> list[tuple[str, str]]:
+    """Commit `message` verbatim, then ask git for its trailers."""
+    git(repo, "commit", "-q", "--allow-empty", "--cleanup=verbatim", "-F", "-", input=message.encode())
+    body = git(repo, "log", "-1", "--format=%B")
+    out = git(repo, "interpret-trailers", "--parse", input=body.encode())
+    pairs = []
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+def test_trailer_key_sanitised():
+    assert trailer_key("Kloop-Time", "n_4096") == "Kloop-Time-n-4096"
+    assert trailer_key("Kloop-Regs", "softmax<float>::kernel") == "Kloop-Regs-softmax-float-kernel"
+    assert trailer_key("Kloop-GPU") == "Kloop-GPU"
+    with pytest.raises(ValueError):
+        trailer_key("__")
+
+
+def test_round_trip():
+    msg = format_commit_message("Unroll the row loop by 4", "Fewer loop branches; loads can be batched.", EVIDENCE)
+    lines = msg.splitlines()
+    assert lines[0] == "Unroll the row loop by 4"
+    assert lines[1] == ""
+    assert msg.endswith("\n")
+    assert parse_trailers(msg) == [(trailer_key(k), v) for k, v in EVIDENCE]
+
+
+def test_values_and_title_sanitised():
+    long_title = "Vectorise the loads with float4 and move the reduction into warp shuffles across the block"
+    msg = format_commit_message(
+        long_title + "\nsecond line",
+        "A rationale.",
+        [("Kloop-Note", "line one\nline two\r\n  line three"), ("Kloop-Empty", "")],
+    )
+    title = msg.splitlines()[0]
+    assert len(title) <= TITLE_MAX and "\n" not in title and title.endswith("...")
+    assert "float4" in title
+    # the whole title is kept in the body
+    assert "warp shuffles across the block second line" in " ".join(msg.split())
+    assert parse_trailers(msg) == [("Kloop-Note", "line one line two line three"), ("Kloop-Empty", "")]
+
+
+def test_rationale_wrapped_and_structure_kept():
+    rationale = (
+        "The kernel was latency bound: " + "each warp waits on its own load before the reduction starts. " * 4
+        + "\n\nChanges:\n- load four rows at once\n- keep the partial sums in registers\n\n"
+        "    for (int i = 0; i < 4; ++i)\n        acc[i] = x[i];\n"
+    )
+    msg = format_commit_message("Batch the loads", rationale, [("Kloop-Speedup", "1.2")])
+    for line in msg.splitlines():
+        assert len(line) <= 72 or " " not in line.strip()
+    assert "- load four rows at once\n- keep the partial sums in registers" in msg
+    assert "    for (int i = 0; i < 4; ++i)\n        acc[i] = x[i];" in msg
+    assert parse_trailers(msg) == [("Kloop-Speedup", "1.2")]
+
+
+def test_no_trailers_in_title_or_prose():
+    assert parse_trailers("Key: value\n") == []  # the title is never a trailer
+    assert parse_trailers("Title\n\nJust prose here.\n") == []
+    assert parse_trailers("Title\n\nKey: v\nnot a trailer line\n") == []
+    assert format_commit_message("Title", "", []) == "Title\n"
+
+
+TRICKY = [
+    # ours, with a rationale that quotes includes, a divider-looking line and colon-y prose
+    format_commit_message(
+        "Use shared memory for the tile",
+        "#include <cuda/pipeline> is now needed.\n\n---\nNote: this paragraph looks like a trailer.\n\n"
+        "Another: paragraph",
+        EVIDENCE,
+    ),
+    format_commit_message("Only trailers", "", EVIDENCE[:2]),
+    # hand-written messages exercising git's rules
+    "Title\n\nBody.\n\nKey: value\nOther-Key: v2\n  continued here\n",
+    "Title\n\nBody.\n\nSigned-off-by: A <a@b>\nsome prose line\nKey: v\n",
+    "Title\n\nBody.\n\nKey: v\nprose\nprose again\nmore prose\n",
+    "Title\n\nKey: v\n\n\n",
+    "Title\n\nKey: a\n---\nPatch: not a trailer\n",
+    "Title\n\nKey : spaced key\nKey2:no space\n(cherry picked from commit abc)\nSigned-off-by: X <x@y>\n",
+    "Title\n\nBody\n\nBad_Key: underscore\nGood-Key: fine\n",
+    "Title\nstill title\n\nKey: v\n# a comment\n",
+]
+
+
+@pytest.mark.parametrize("message", TRICKY)
+def test_agrees_with_git_interpret_trailers(repo: Path, message: str):
+    assert parse_trailers(message) == git_parse(repo, message)
+
+
+def test_git_reads_our_commit(repo: Path):
+    msg = format_commit_message("Unroll the row loop by 4", "Because it is faster.", EVIDENCE)
+    assert git_parse(repo, msg) == parse_trailers(msg) == [(trailer_key(k), v) for k, v in EVIDENCE]
+    # and git log's own trailer formatting sees them too
+    keys = git(repo, "log", "-1", "--format=%(trailers:only,unfold,key=Kloop-Speedup,valueonly)").strip()
+    assert keys == "1.084"
