@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from agent.task import load_task
+from tools.check import compare
 from tools.spec import load_spec
 
 TASK_DIR = Path(__file__).resolve().parents[1] / "kernels" / "softmax"
@@ -38,16 +39,8 @@ def spec(task):
 
 
 def _close(out: torch.Tensor, ref: torch.Tensor, tol) -> bool:
-    """The task's acceptance rule: element-wise atol/rtol, the norm bound, and no NaN/Inf."""
-    out = out.double()
-    ref = ref.double()
-    if not torch.isfinite(out).all():
-        return False
-    if not ((out - ref).abs() <= tol.atol + tol.rtol * ref.abs()).all():
-        return False
-    if tol.norm_rtol is not None and (out - ref).norm() > tol.norm_rtol * ref.norm():
-        return False
-    return True
+    """The gate's acceptance rule (tools.check.compare) under the task's tolerance."""
+    return compare("y", out, ref, tol.atol, tol.rtol, tol.norm_rtol).passed
 
 
 # ---- manifest + spec ----------------------------------------------------------------------------
