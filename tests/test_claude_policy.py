@@ -1,0 +1,488 @@
+"""ClaudePolicy + LLMClient driven through the real anthropic SDK, over HTTP, against a fake API."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, however pytest was started
+
+from agent.llm import PRICES, LLMClient, Usage, cost_usd, price_for, with_cache_breakpoints  # noqa: E402
+from agent.policies.base import Budget  # noqa: E402
+from agent.policies.claude import CLEARED, NUDGE, ClaudePolicy  # noqa: E402
+from tests.fake_anthropic import Drop, Fault, Reply, fake_api, text, thinking, tool_use  # noqa: E402,F401
+from tools.base import Tool, ToolBox, ToolInput, ToolResult  # noqa: E402
+
+MODEL = "claude-opus-5-5"
+KEY = "sk-ant-test-SECRET-7f3a9c"
+
+
+# -- a small toolbox and a fake session context --------------------------------------------------
+
+
+class EchoIn(ToolInput):
+    text: str
+
+
+class SlowIn(ToolInput):
+    seconds: float = 0.2
+
+
+class IntIn(ToolInput):
+    n: int
+
+
+class SubmitIn(ToolInput):
+    title: str
+
+
+@dataclass
+class Calls:
+    names: list[str] = field(default_factory=list)
+
+
+def make_toolbox(calls: Calls, ctx_holder: dict[str, Any]) -> ToolBox:
+    def echo(_, a: EchoIn) -> ToolResult:
+        calls.names.append("echo")
+        return ToolResult(text=f"echo: {a.text}")
+
+    def slow(_, a: SlowIn) -> ToolResult:
+        calls.names.append("slow")
+        time.sleep(a.seconds)
+        return ToolResult(text="slept")
+
+    def needs_int(_, a: IntIn) -> ToolResult:
+        calls.names.append("needs_int")
+        return ToolResult(text=str(a.n * 2))
+
+    def submit(_, a: SubmitIn) -> ToolResult:
+        calls.names.append("submit")
+        ctx_holder["ctx"].stop = ctx_holder.get("stop_after_submit")
+        return ToolResult(text="rejected: no gain", event="rejected")
+
+    box = ToolBox(context=None)
+    box.add(Tool("echo", "Echo the text back.", EchoIn, echo))
+    box.add(Tool("slow", "Sleep a while.", SlowIn, slow))
+    box.add(Tool("needs_int", "Double an integer.", IntIn, needs_int))
+    box.add(Tool("submit", "Submit the candidate to the gate.", SubmitIn, submit))
+    return box
+
+
+@dataclass
+class FakeCtx:
+    toolbox: ToolBox
+    budget: Budget = field(default_factory=Budget)
+    logs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    stop: str | None = None
+    notes: str = "NOTES: BLOCK=128 was 3% slower; ATTEMPTS: #1 rejected"
+
+    def system_prompt(self) -> str:
+        return "You optimise GPU kernels. Act only through tools."
+
+    def briefing(self) -> str:
+        return "Task: make softmax faster on H200."
+
+    def memory(self) -> str:
+        return self.notes
+
+    def attempts_made(self) -> int:
+        return 0
+
+    def log(self, kind: str, **data: Any) -> None:
+        json.dumps(data)  # the run record is JSON: every event must serialise
+        self.logs.append((kind, data))
+
+    def stop_reason(self) -> str | None:
+        return self.stop
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [d for k, d in self.logs if k == kind]
+
+
+@pytest.fixture
+def setup(fake_api):
+    calls = Calls()
+    holder: dict[str, Any] = {}
+    ctx = FakeCtx(make_toolbox(calls, holder))
+    holder["ctx"] = ctx
+
+    def policy(**kw: Any) -> ClaudePolicy:
+        client_kw = {k: kw.pop(k) for k in ("timeout", "max_retries", "max_total_wait") if k in kw}
+        client = LLMClient(MODEL, api_key=KEY, base_url=fake_api.base_url, backoff_base=0.01, **client_kw)
+        return ClaudePolicy(model=MODEL, max_tokens=4096, client=client, **kw)
+
+    return fake_api, ctx, calls, policy, holder
+
+
+def done() -> list[Reply]:
+    """Two end_turns in a row: the policy stops with 'end_turn'."""
+    return [Reply([text("nothing more")]), Reply([text("done, really")])]
+
+
+def sent_key(headers: dict[str, str]) -> str | None:
+    """The key as the SDK sent it: `x-api-key`, or (SDK 2.x) `authorization: Bearer <key>`."""
+    bearer = headers.get("authorization", "")
+    return headers.get("x-api-key") or (bearer[len("Bearer "):] if bearer.startswith("Bearer ") else None)
+
+
+def last_user(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+
+
+# -- the tool-use loop ----------------------------------------------------------------------------
+
+
+def test_multi_turn_tool_use_conversation(setup):
+    api, ctx, calls, policy, _ = setup
+    t1 = tool_use("echo", {"text": "hello"})
+    t2, t3 = tool_use("echo", {"text": "again"}), tool_use("needs_int", {"n": 21})
+    api.add(
+        Reply([thinking("plan: echo first"), text("Let me look."), t1], stop_reason="tool_use"),
+        Reply([t2, t3], stop_reason="tool_use"),
+        *done(),
+    )
+    assert policy().run(ctx) == "end_turn"
+    assert calls.names == ["echo", "echo", "needs_int"]
+    assert api.remaining == 0 and len(api.requests) == 4
+
+    first = api.requests[0]
+    assert first.path == "/v1/messages" and first.body["stream"] is True and first.body["model"] == MODEL
+    assert sent_key(first.headers) == KEY
+    assert [t["name"] for t in first.body["tools"]] == ["echo", "slow", "needs_int", "submit"]
+    assert first.body["tools"][2]["input_schema"]["required"] == ["n"]
+    # prompt caching: last system block, last tool, the briefing
+    assert first.body["system"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert first.body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert "cache_control" not in first.body["tools"][0]
+    assert first.body["messages"][0]["content"][-1] == {
+        "type": "text", "text": "Task: make softmax faster on H200.", "cache_control": {"type": "ephemeral"}
+    }
+
+    second = api.requests[1].body
+    assistant = second["messages"][1]
+    assert assistant["role"] == "assistant"
+    assert assistant["content"][0] == {"type": "thinking", "thinking": "plan: echo first", "signature": "sig-fake"}
+    results = last_user(second)
+    assert [r["tool_use_id"] for r in results] == [t1["id"]]
+    assert results[0]["content"] == "echo: hello" and "is_error" not in results[0]
+    assert results[-1]["cache_control"] == {"type": "ephemeral"}  # the rolling breakpoint
+
+    third = last_user(api.requests[2].body)
+    assert [(r["tool_use_id"], r["content"]) for r in third] == [(t2["id"], "echo: again"), (t3["id"], "42")]
+    assert last_user(api.requests[3].body)[-1]["text"] == NUDGE
+
+    turns = ctx.events("llm_turn")
+    assert [t["turn"] for t in turns] == [1, 2, 3, 4]
+    assert [t["stop_reason"] for t in turns] == ["tool_use", "tool_use", "end_turn", "end_turn"]
+    assert turns[0]["tool_calls"] == ["echo"] and turns[0]["text"] == "Let me look."
+    assert [c["name"] for c in ctx.events("tool_call")] == ["echo", "echo", "needs_int"]
+    (stop,) = ctx.events("policy_stop")
+    assert stop == {"reason": "end_turn", "turns": 4, "cost_usd": pytest.approx(turns[-1]["total_cost_usd"])}
+
+
+def test_tool_use_resets_the_end_turn_count(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Reply([text("hm")]), Reply([tool_use("echo", {"text": "x"})], stop_reason="tool_use"), *done())
+    assert policy().run(ctx) == "end_turn"
+    assert len(api.requests) == 4 and api.remaining == 0  # without the reset it would stop after 3
+
+
+def test_invalid_tool_input_is_an_error_result(setup):
+    api, ctx, calls, policy, _ = setup
+    bad, unknown = tool_use("needs_int", {"n": "lots"}), tool_use("nope", {})
+    api.add(Reply([bad, unknown], stop_reason="tool_use"), *done())
+    assert policy().run(ctx) == "end_turn"
+    assert calls.names == []
+    results = last_user(api.requests[1].body)
+    assert results[0]["is_error"] is True and "invalid input for needs_int" in results[0]["content"]
+    assert results[1]["is_error"] is True and "no tool named 'nope'" in results[1]["content"]
+    assert [c["ok"] for c in ctx.events("tool_call")] == [False, False]
+
+
+def test_slow_tool_duration_is_logged(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Reply([tool_use("slow", {"seconds": 0.2})], stop_reason="tool_use"), *done())
+    policy().run(ctx)
+    assert ctx.events("tool_call")[0]["duration_s"] >= 0.2
+
+
+def test_max_tokens_inside_a_tool_call_is_not_run(setup):
+    api, ctx, calls, policy, _ = setup
+    whole = tool_use("echo", {"text": "complete"})
+    cut = tool_use("echo", {"text": "whole file"}, partial_json='{"text": "__global__ void softm')
+    api.add(Reply([text("Two edits."), whole, cut], stop_reason="max_tokens"), *done())
+    assert policy().run(ctx) == "end_turn"
+    assert calls.names == ["echo"]  # the complete call ran, the cut one did not
+    results = last_user(api.requests[1].body)
+    assert results[0] == {"type": "tool_result", "tool_use_id": whole["id"], "content": "echo: complete"}
+    assert results[1]["tool_use_id"] == cut["id"] and results[1]["is_error"] is True
+    assert "cut off at max_tokens" in results[1]["content"] and "smaller edits" in results[1]["content"]
+
+
+def test_max_tokens_in_text_asks_to_continue(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Reply([text("A long explanation that")], stop_reason="max_tokens"), *done())
+    assert policy().run(ctx) == "end_turn"
+    assert "cut off at max_tokens" in last_user(api.requests[1].body)[0]["text"]
+
+
+def test_pause_turn_is_sent_back_to_continue(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Reply([text("Still searching...")], stop_reason="pause_turn"), *done())
+    assert policy().run(ctx) == "end_turn"
+    resent = api.requests[1].body["messages"]
+    assert len(resent) == 2 and resent[-1] == {"role": "assistant", "content": [text("Still searching...")]}
+
+
+def test_refusal_stops_cleanly(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Reply([text("I can't help with that.")], stop_reason="refusal"))
+    assert policy().run(ctx) == "refusal"
+    assert ctx.events("policy_stop")[0]["reason"] == "refusal"
+
+
+def test_a_state_changing_tool_ends_the_turn(setup):
+    api, ctx, calls, policy, _ = setup
+    both = [tool_use("submit", {"title": "t"}), tool_use("echo", {"text": "x"})]
+    api.add(Reply(both, stop_reason="tool_use"), *done())
+    policy().run(ctx)
+    assert calls.names == ["submit"]
+    results = last_user(api.requests[1].body)
+    assert results[1]["is_error"] is True and "changed the session state (rejected)" in results[1]["content"]
+
+
+# -- budgets --------------------------------------------------------------------------------------
+
+
+def test_max_turns(setup):
+    api, ctx, calls, policy, _ = setup
+    ctx.budget = Budget(max_turns=2)
+    api.add(*[Reply([tool_use("echo", {"text": str(i)})], stop_reason="tool_use") for i in range(5)])
+    assert policy().run(ctx) == "max_turns"
+    assert len(api.requests) == 2 and calls.names == ["echo", "echo"]
+
+
+def test_max_cost_stops_before_a_turn_that_would_pass_it(setup):
+    api, ctx, calls, policy, _ = setup
+    usage = {"input_tokens": 10_000, "output_tokens": 1_000}  # $0.04 + $0.02 = $0.06 a turn on Opus 5.5
+    ctx.budget = Budget(max_cost_usd=0.15)
+    api.add(*[Reply([tool_use("echo", {"text": "x"})], stop_reason="tool_use", usage=usage) for _ in range(5)])
+    assert policy().run(ctx) == "max_cost"
+    assert len(api.requests) == 2  # after $0.12, a third turn would end near $0.18
+    assert ctx.events("policy_stop")[0]["cost_usd"] == pytest.approx(0.12)
+
+
+def test_session_stop_reason_is_returned(setup):
+    api, ctx, calls, policy, holder = setup
+    ctx.stop = "max_hours"
+    assert policy().run(ctx) == "max_hours" and api.requests == []
+
+    ctx.stop = None
+    holder["stop_after_submit"] = "max_attempts"  # the submit spends the last attempt
+    api.add(Reply([tool_use("submit", {"title": "t"})], stop_reason="tool_use"))
+    assert policy().run(ctx) == "max_attempts"
+    assert len(api.requests) == 1
+
+
+# -- usage and cost -------------------------------------------------------------------------------
+
+
+def test_cost_accounting_matches_the_price_table(setup):
+    api, ctx, calls, policy, _ = setup
+    u1 = {"input_tokens": 1_200, "output_tokens": 800, "cache_creation_input_tokens": 5_000}
+    u2 = {"input_tokens": 300, "output_tokens": 150, "cache_creation_input_tokens": 700,
+          "cache_read_input_tokens": 6_000}
+    u3 = {"input_tokens": 50, "output_tokens": 20, "cache_creation_input_tokens": 400, "cache_read_input_tokens": 7_000,
+          "cache_creation": {"ephemeral_5m_input_tokens": 100, "ephemeral_1h_input_tokens": 300}}
+    api.add(Reply([tool_use("echo", {"text": "x"})], stop_reason="tool_use", usage=u1), Reply([text("a")], usage=u2),
+            Reply([text("b")], usage=u3))
+    policy().run(ctx)
+    p = PRICES[MODEL]
+    assert (p.input, p.output, p.cache_write, p.cache_write_1h, p.cache_read) == (4.0, 20.0, 5.0, 8.0, 0.2)
+
+    def expected(u: dict[str, Any], w1h: int = 0) -> float:
+        w5 = u["cache_creation_input_tokens"] - w1h
+        return (u["input_tokens"] * p.input + u["output_tokens"] * p.output + w5 * p.cache_write
+                + w1h * p.cache_write_1h + u.get("cache_read_input_tokens", 0) * p.cache_read) / 1e6
+
+    turns = ctx.events("llm_turn")
+    assert [t["cost_usd"] for t in turns] == pytest.approx([expected(u1), expected(u2), expected(u3, 300)])
+    assert turns[-1]["total_cost_usd"] == pytest.approx(expected(u1) + expected(u2) + expected(u3, 300))
+    assert turns[0]["usage"] == {"input_tokens": 1_200, "output_tokens": 800, "cache_write_tokens": 5_000,
+                                 "cache_write_1h_tokens": 0, "cache_read_tokens": 0}
+    assert turns[2]["usage"]["cache_write_1h_tokens"] == 300 and turns[2]["usage"]["cache_write_tokens"] == 100
+
+
+def test_price_lookup():
+    assert price_for("claude-haiku-4-5-20251001") == PRICES["claude-haiku-4-5"]
+    assert price_for("claude-opus-5-5") != price_for("claude-opus-5")
+    with pytest.raises(KeyError):
+        price_for("claude-sonnet-9")
+    with pytest.raises(KeyError):
+        ClaudePolicy(model="claude-sonnet-9")
+    u = Usage(1, 2, 3, 4, 5) + Usage(1, 1, 1, 1, 1)
+    assert u == Usage(2, 3, 4, 5, 6) and u.total_input == 2 + 4 + 5 + 6
+    assert cost_usd("claude-sonnet-5-5", Usage(input_tokens=1_000_000)) == pytest.approx(2.0)
+
+
+def test_cache_breakpoints_never_exceed_four():
+    system = [{"type": "text", "text": "s"}]
+    tools = [{"name": "a"}, {"name": "b"}]
+    msgs = [{"role": "user", "content": "brief"}, {"role": "assistant", "content": [text("x")]},
+            {"role": "user", "content": [text("y")]}]
+    s, t, m = with_cache_breakpoints(system, tools, msgs)
+    marked = [b for b in s + t + m[0]["content"] + m[2]["content"] if "cache_control" in b]
+    assert len(marked) == 4
+    assert "cache_control" not in system[0] and msgs[0]["content"] == "brief"  # inputs untouched
+
+
+# -- retries --------------------------------------------------------------------------------------
+
+
+def test_529_then_success(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Fault(529), *done())
+    assert policy().run(ctx) == "end_turn"
+    assert len(api.requests) == 3
+    (retry,) = ctx.events("llm_retry")
+    assert retry["attempt"] == 1 and "529 overloaded_error" in retry["error"]
+    assert ctx.events("llm_turn")[0]["retries"] == 1
+
+
+def test_429_retry_after_ms_is_honoured(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Fault(429, headers={"retry-after-ms": "200"}), *done())
+    assert policy().run(ctx) == "end_turn"
+    gap = api.requests[1].at - api.requests[0].at
+    assert 0.2 <= gap < 1.0
+    assert ctx.events("llm_retry")[0]["wait_s"] == 0.2
+
+
+def test_429_retry_after_seconds_is_honoured(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Fault(429, headers={"retry-after": "1"}), *done())
+    assert policy().run(ctx) == "end_turn"
+    assert api.requests[1].at - api.requests[0].at >= 0.95
+
+
+def test_retry_wait_is_bounded(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Fault(429, headers={"retry-after": "3600"}))
+    start = time.monotonic()
+    reason = policy(max_total_wait=5).run(ctx)
+    assert time.monotonic() - start < 2
+    assert reason.startswith("api_error: 429 rate_limit_error") and "retry budget" in reason
+
+
+def test_retries_are_limited(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(*[Fault(500) for _ in range(3)])
+    reason = policy(max_retries=2).run(ctx)
+    assert reason.startswith("api_error: 500 api_error") and "after 3 attempts" in reason
+    assert len(api.requests) == 3
+
+
+def test_non_retryable_error_stops_without_traceback(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Fault(400, message="messages.0: bad request"))
+    reason = policy().run(ctx)
+    assert reason == "api_error: 400 invalid_request_error: messages.0: bad request"
+    assert "Traceback" not in reason and len(api.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Drop(),  # connection closed before any response
+        Reply([text("part")], drop_after=3),  # connection cut mid-stream
+        Reply([text("part")], error_after=2, error_type="overloaded_error"),  # `event: error` mid-stream
+        Reply([text("late")], delay=1.5),  # slower than the client's timeout
+    ],
+    ids=["drop", "drop-mid-stream", "overloaded-event", "timeout"],
+)
+def test_transient_failures_are_retried(setup, fault):
+    api, ctx, calls, policy, _ = setup
+    api.add(fault, *done())
+    assert policy(timeout=0.5).run(ctx) == "end_turn"
+    assert len(ctx.events("llm_retry")) == 1 and len(ctx.events("llm_turn")) == 2
+
+
+# -- context --------------------------------------------------------------------------------------
+
+
+def test_old_tool_results_are_cleared_and_memory_reinjected(setup):
+    api, ctx, calls, policy, _ = setup
+    small = {"input_tokens": 100}
+    big = {"input_tokens": 2_000}
+    ids = [tool_use("echo", {"text": f"r{i}"}) for i in range(4)]
+    api.add(
+        *[Reply([u], stop_reason="tool_use", usage=small) for u in ids[:3]],
+        Reply([ids[3]], stop_reason="tool_use", usage=big),  # passes the limit: clear
+        *done(),
+    )
+    assert policy(context_limit=1_000, keep_tool_results=1).run(ctx) == "end_turn"
+    body = api.requests[4].body  # the request after the clearing
+    user_blocks = [b for m in body["messages"] if m["role"] == "user" for b in m["content"]]
+    results = [b for b in user_blocks if b.get("type") == "tool_result"]
+    assert [r["content"] for r in results] == [CLEARED, CLEARED, "echo: r2", "echo: r3"]
+    note = last_user(body)[-1]
+    assert note["type"] == "text" and ctx.notes in note["text"]
+    assert ctx.events("context_cleared") == [{"turn": 4, "context_tokens": 2_010, "cleared": 2}]
+    # the briefing is never cleared
+    assert body["messages"][0]["content"][0]["text"] == "Task: make softmax faster on H200."
+
+
+def test_context_window_exceeded_clears_or_stops(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Reply([tool_use("echo", {"text": "big"})], stop_reason="tool_use"),
+            Reply([text("...")], stop_reason="model_context_window_exceeded"), *done())
+    assert policy().run(ctx) == "end_turn"
+    body = api.requests[2].body
+    assert body["messages"][2]["content"][0]["content"] == CLEARED
+    assert ctx.notes in last_user(body)[-1]["text"]
+
+    api.add(Reply([text("...")], stop_reason="model_context_window_exceeded"))
+    assert policy().run(ctx) == "context_full"  # nothing left to clear
+
+
+# -- the key ------------------------------------------------------------------------------------
+
+
+def test_api_key_is_sent_but_never_logged_or_shown(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Reply([tool_use("echo", {"text": "x"})], stop_reason="tool_use"), Fault(401, message="invalid x-api-key"))
+    p = policy()
+    reason = p.run(ctx)
+    assert reason.startswith("api_error: 401 authentication_error")
+    assert all(sent_key(r.headers) == KEY for r in api.requests)
+    shown = [json.dumps(ctx.logs), reason, repr(p), str(p), repr(p.client), str(p.client), repr(vars(p))]
+    assert not any(KEY in s for s in shown)
+    assert not any(KEY in json.dumps(r.body) for r in api.requests)
+
+
+# -- the fake itself ----------------------------------------------------------------------------
+
+
+def test_fake_answers_plain_json_too(fake_api):
+    fake_api.add(Reply([text("hi"), tool_use("echo", {"text": "x"}, id="toolu_1")], stop_reason="tool_use"))
+    client = anthropic.Anthropic(api_key=KEY, base_url=fake_api.base_url, max_retries=0)
+    msg = client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+    assert msg.stop_reason == "tool_use" and msg.content[1].input == {"text": "x"}
+    assert fake_api.requests[0].body.get("stream") in (None, False)
+
+
+def test_fake_rejects_what_the_api_would(fake_api):
+    client = anthropic.Anthropic(api_key=KEY, base_url=fake_api.base_url, max_retries=0)
+    fake_api.add(Reply([text("never sent")]))
+    dangling = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_9", "name": "echo", "input": {}}]},
+                {"role": "user", "content": "no result"}]
+    with pytest.raises(anthropic.BadRequestError, match="need tool_result"):
+        client.messages.create(model=MODEL, max_tokens=10, messages=dangling)
