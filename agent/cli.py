@@ -147,6 +147,262 @@ def eval_cmd(
         raise typer.Exit(1)
 
 
+# ---- sessions -----------------------------------------------------------------------------------
+
+def _runs_root(runs_dir: Optional[Path]) -> Path:
+    from agent.session import default_runs_root
+
+    return Path(runs_dir) if runs_dir else default_runs_root()
+
+
+def resolve_run(run: str, runs_dir: Optional[Path]) -> Path:
+    """A run id under the runs folder, a path to a run folder, or 'last'."""
+    from agent.records import list_runs
+
+    root = _runs_root(runs_dir)
+    if run in ("last", "latest"):
+        runs = list_runs(root)
+        if not runs:
+            fail(f"no runs in {root}")
+        return root / runs[-1].run_id
+    path = Path(run).expanduser()
+    if (path / "run.json").is_file():
+        return path
+    if (root / run / "run.json").is_file():
+        return root / run
+    matches = [p for p in root.glob(f"*{run}*") if (p / "run.json").is_file()] if root.is_dir() else []
+    if len(matches) == 1:
+        return matches[0]
+    fail(f"no run {run!r} in {root}" + (f" (ambiguous: {[m.name for m in matches]})" if matches else ""))
+    raise AssertionError
+
+
+def make_policy(agent: str, model: Optional[str], seed: Optional[int]):
+    if agent == "tuner":
+        from agent.policies.tuner import TunerPolicy
+
+        return TunerPolicy(seed=seed, console=err_console)
+    if agent == "claude":
+        from agent.policies.claude import ClaudePolicy
+
+        return ClaudePolicy(model=model) if model else ClaudePolicy()
+    fail(f"--agent {agent!r}: expected claude or tuner")
+
+
+def _default_agent() -> str:
+    import os
+
+    return "claude" if os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN") else "tuner"
+
+
+@app.command()
+def optimize(
+    task: str = typer.Argument(..., help="Task folder (holding task.toml) or shipped task name."),
+    agent: Optional[str] = typer.Option(None, help="claude or tuner (default: claude when ANTHROPIC_API_KEY is set, else tuner)."),
+    model: Optional[str] = typer.Option(None, help="Claude model id."),
+    max_turns: Optional[int] = typer.Option(None, help="Claude: most model turns."),
+    max_cost: Optional[float] = typer.Option(None, help="Claude: most USD spent on the API."),
+    max_hours: Optional[float] = typer.Option(None, help="Wall-clock hours."),
+    max_attempts: Optional[int] = typer.Option(None, help="Most submissions to the gate."),
+    allow_dirty: bool = typer.Option(False, help="Snapshot uncommitted changes of the task folder into the base."),
+    runs_dir: Optional[Path] = typer.Option(None, help="Where run records go (default: $KLOOP_RUNS or ./runs of kloop)."),
+    gate_seconds: float = typer.Option(4.0, help="Gate: timing seconds per decision."),
+    seed: Optional[int] = typer.Option(None, help="Tuner: sampler seed."),
+) -> None:
+    """Run an optimisation session: accepted changes land as commits on branch kloop/<run-id>."""
+    from agent.gate import GateConfig
+    from agent.policies.base import Budget
+    from agent.session import Session, SessionError
+    from agent.workspace import WorkspaceError
+
+    t = resolve_task(task)
+    agent = agent or _default_agent()
+    policy = make_policy(agent, model, seed)
+    if agent == "claude" and max_turns is None and max_cost is None and max_hours is None and max_attempts is None:
+        max_turns, max_cost = 100, 20.0  # never spend without a bound
+    budget = Budget(max_turns=max_turns, max_cost_usd=max_cost, max_hours=max_hours, max_attempts=max_attempts)
+    try:
+        session = Session.start(t.root, policy.name, budget, runs_root=_runs_root(runs_dir), allow_dirty=allow_dirty,
+                                config={"model": getattr(policy, "model", None)}, gate_config=GateConfig(max_seconds=gate_seconds))
+    except (WorkspaceError, TaskError) as exc:
+        fail(str(exc))
+    if agent == "claude":
+        from tools.agent_tools import session_toolbox
+
+        session.toolbox = session_toolbox(session)
+    info = session.record.info
+    err_console.print(f"run [bold]{info.run_id}[/]: task {t.name}, policy {policy.name}, branch {info.branch}\n"
+                      f"  worktree {info.worktree}\n  record   {session.record.dir}", highlight=False)
+    try:
+        reason = session.run(policy)
+    except SessionError as exc:
+        fail(str(exc), code=1)
+    _print_log(session.record.dir, as_json=False)
+    err_console.print(f"session ended: {reason}. Review: kloop log {info.run_id}; kloop show {info.run_id}", highlight=False)
+
+
+@app.command()
+def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'."),
+           runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+           model: Optional[str] = typer.Option(None, help="Claude model id (claude runs).")) -> None:
+    """Continue a session that was stopped or killed, from its record."""
+    from agent.session import Session, SessionError
+
+    run_dir = resolve_run(run, runs_dir)
+    session = Session.resume(run_dir)
+    policy = make_policy(session.record.info.policy, model or (session.record.info.config or {}).get("model"), None)
+    if policy.name == "claude":
+        from tools.agent_tools import session_toolbox
+
+        session.toolbox = session_toolbox(session)
+    try:
+        reason = session.run(policy)
+    except SessionError as exc:
+        fail(str(exc), code=1)
+    err_console.print(f"session ended: {reason}", highlight=False)
+
+
+@app.command()
+def runs(runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+         as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List runs: task, policy, started, attempts, accepted, best speedup."""
+    from agent.records import list_runs
+
+    rows = list_runs(_runs_root(runs_dir))
+    if as_json:
+        emit_json([r.model_dump(mode="json") for r in rows])
+        return
+    table = Table(title=f"runs in {_runs_root(runs_dir)}")
+    for col in ("run", "task", "policy", "started", "attempts", "accepted", "best speedup", "state"):
+        table.add_column(col)
+    for r in rows:
+        state = r.error or (f"ended: {r.end_reason}" if r.ended else "open (resume it)")
+        table.add_row(r.run_id, r.task or "", r.policy or "", f"{r.started_at:%Y-%m-%d %H:%M}" if r.started_at else "",
+                      str(r.attempts), str(r.accepted), f"x{r.best_speedup:.3f}" if r.best_speedup else "-", state)
+    console.print(table)
+
+
+def _commit_rows(repo_root: Path, branch: str, base: Optional[str]) -> list[dict]:
+    import git
+
+    from agent.trailers import parse_trailers
+
+    repo = git.Repo(repo_root)
+    rev = f"{base}..{branch}" if base else branch
+    rows = []
+    for c in repo.iter_commits(rev, reverse=True):
+        trailers = parse_trailers(c.message)
+        if not any(k == "Kloop-Attempt" for k, _ in trailers):
+            continue
+        t = dict(trailers)
+        rows.append({
+            "commit": c.hexsha, "title": c.summary, "attempt": t.get("Kloop-Attempt"), "speedup": t.get("Kloop-Speedup"),
+            "ci95": t.get("Kloop-Speedup-CI95"),
+            "times": {k.removeprefix("Kloop-Time-"): v for k, v in trailers if k.startswith("Kloop-Time-")},
+            "registers": {k.removeprefix("Kloop-Regs-"): v for k, v in trailers if k.startswith("Kloop-Regs-")},
+            "device": t.get("Kloop-Device"), "knobs": t.get("Kloop-Knobs"), "run": t.get("Kloop-Run"),
+        })
+    return rows
+
+
+def _print_log(run_dir: Path, as_json: bool) -> None:
+    from agent.records import RunRecord
+
+    info = RunRecord.open(run_dir).info
+    rows = _commit_rows(Path(info.repo_root), info.branch, info.base_commit)
+    if as_json:
+        emit_json({"run": info.run_id, "branch": info.branch, "base": info.base_commit, "commits": rows})
+        return
+    table = Table(title=f"accepted changes on {info.branch} (base {info.base_commit[:10]})", title_justify="left")
+    for col in ("commit", "title", "speedup [95% CI]", "time per bench shape", "registers / spills"):
+        table.add_column(col)
+    total = 1.0
+    for r in rows:
+        total *= float(r["speedup"] or 1)
+        table.add_row(r["commit"][:10], r["title"], f"x{r['speedup']} [{r['ci95']}]",
+                      "\n".join(f"{k}: {v.split(' (')[0]}" for k, v in r["times"].items()),
+                      "\n".join(f"{k}: {v}" for k, v in r["registers"].items()))
+    console.print(table)
+    console.print(f"{len(rows)} accepted; compounded speedup x{total:.3f} over the base" if rows else "no accepted changes")
+
+
+@app.command()
+def log(run: str = typer.Argument("last", help="Run id, run folder, 'last', or a branch name (kloop/...)."),
+        runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+        repo: Path = typer.Option(Path("."), help="Repository holding the branch (for a branch name)."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """One row per accepted commit: title, speedup with interval, time per bench shape, registers/spills."""
+    if run.startswith("kloop/"):
+        rows = _commit_rows(repo, run, None)
+        if as_json:
+            emit_json(rows)
+        else:
+            for r in rows:
+                console.print(f"{r['commit'][:10]} x{r['speedup']} [{r['ci95']}] {r['title']}", highlight=False)
+        return
+    _print_log(resolve_run(run, runs_dir), as_json)
+
+
+@app.command()
+def show(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."),
+         runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+         as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Every attempt of a run, accepted or not, and why."""
+    from agent.records import RunRecord
+    from agent.session import attempts_from_events
+
+    record = RunRecord.open(resolve_run(run, runs_dir))
+    events = record.events()
+    attempts = attempts_from_events(events)
+    info = record.info
+    if as_json:
+        emit_json({"run": info.model_dump(mode="json"), "attempts": [a.__dict__ for a in attempts]})
+        return
+    console.print(f"run [bold]{info.run_id}[/]: task {info.task}, policy {info.policy}, branch {info.branch}, "
+                  f"base {info.base_commit[:10]}; measured on {info.machine.get('name', '?')}", highlight=False)
+    table = Table()
+    for col in ("#", "title", "verdict", "speedup [95% CI]", "reason"):
+        table.add_column(col)
+    for a in attempts:
+        verdict = "[yellow]interrupted[/]" if a.accepted is None else ("[green]accepted[/]" if a.accepted else "[red]rejected[/]")
+        sp = a.figures.get("speedup")
+        spt = f"x{sp:.4f} [{a.figures.get('speedup_lo', 0):.4f}, {a.figures.get('speedup_hi', 0):.4f}]" if sp else "-"
+        table.add_row(str(a.number), a.title, verdict, spt, a.reason[:400])
+    console.print(table)
+    ended = [e for e in events if e.kind == "session_ended"]
+    if ended:
+        console.print(f"ended: {ended[-1].reason}")
+
+
+@app.command()
+def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."),
+           runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+           repo: Optional[Path] = typer.Option(None, help="Repository holding the run's base commit (default: as recorded)."),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Re-apply each recorded attempt from the recorded base, re-run the gate here, compare verdicts."""
+    from agent.replay import replay as do_replay
+
+    run_dir = resolve_run(run, runs_dir)
+    report = do_replay(run_dir, repo=repo, on_row=None if as_json else
+                       (lambda r: err_console.print(f"  replayed #{r.attempt}: {'accepted' if r.replayed_accepted else 'rejected'}", highlight=False)))
+    if as_json:
+        emit_json(report.model_dump(mode="json") | {"ok": report.ok})
+    else:
+        table = Table(title=f"replay of {report.run_id}", title_justify="left")
+        for col in ("#", "title", "recorded", "replayed", "agree", "replayed reason"):
+            table.add_column(col)
+        for r in report.rows:
+            rec_txt = ("accepted" if r.recorded_accepted else "rejected") + (f" x{r.recorded_speedup:.4f}" if r.recorded_speedup else "")
+            rep_txt = ("accepted" if r.replayed_accepted else f"rejected ({r.replayed_stage})") + (
+                f" x{r.replayed_speedup:.4f} [{r.replayed_lo:.4f}, {r.replayed_hi:.4f}]" if r.replayed_speedup else "")
+            table.add_row(str(r.attempt), r.title, rec_txt, rep_txt, "yes" if r.agrees else "[yellow]no[/]",
+                          ("[red]NO LONGER CORRECT[/] " if r.broken else "") + r.replayed_reason[:300])
+        console.print(table)
+        console.print(f"recorded on: {report.recorded_machine}\nreplayed on: {report.replay_machine or 'n/a'}", highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 def main() -> None:  # pragma: no cover
     app()
 

@@ -98,6 +98,8 @@ class Manifest(Strict):
     min_gain: float = Field(default=0.01, ge=0, lt=1)
     max_regression: float = Field(default=0.03, ge=0, lt=1)
     timeout_s: float = Field(default=300, gt=0)
+    # which unit the FLOPs run on, for the roofline: its peak rate comes from agent/briefing.py
+    compute_unit: Literal["fp32", "bf16_tensor", "fp8_tensor", "fp64"] = "fp32"
 
     @field_validator("knobs", mode="before")
     @classmethod

@@ -1,0 +1,105 @@
+"""The knob tuner: searches a task's declared knobs through the same gate, no LLM needed.
+
+Search: exhaustive when the space is small, otherwise optuna's TPE sampler (ask/tell) on quick,
+non-gating timings. Either way the sweep only *orders* the candidates; each one that looks faster
+than the best goes through `submit`, and only the gate decides what lands. The search stops after
+`patience` consecutive rejections among the top-ranked settings, or when the budget says so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+
+from agent.task import KnobValue
+from tools.sweep import SweepRow, format_sweep, knob_grid, sweep
+
+EXHAUSTIVE_MAX = 64
+
+
+class TunerPolicy:
+    name = "tuner"
+
+    def __init__(self, trials: int = 48, patience: int = 3, seconds_per_shape: float = 0.3, seed: int | None = None,
+                 console: Console | None = None):
+        self.trials = trials
+        self.patience = patience
+        self.seconds = seconds_per_shape
+        self.seed = seed
+        self.console = console or Console(stderr=True)
+
+    # -- ranking -------------------------------------------------------------------------------
+    def rank(self, ctx) -> list[SweepRow]:
+        task = ctx.gate.task
+        if not task.manifest.knobs:
+            return []
+        if task.knob_space_size() <= EXHAUSTIVE_MAX:
+            configs = knob_grid(task)
+            self.console.print(f"[bold]tuner[/]: exhaustive sweep of {len(configs)} knob settings")
+            return self._sweep(ctx, configs)
+        return self._sample(ctx)
+
+    def _sweep(self, ctx, configs: list[dict[str, KnobValue]]) -> list[SweepRow]:
+        return sweep(ctx.gate.task, configs, src_root=ctx.ws.task_path, trusted_dir=ctx.gate.trusted_dir,
+                     seconds_per_shape=self.seconds)
+
+    def _sample(self, ctx) -> list[SweepRow]:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        task = ctx.gate.task
+        study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=self.seed))
+        study.enqueue_trial(task.knob_settings(ctx.ws.task_path))  # start from where we are
+        rows: dict[tuple, SweepRow] = {}
+        self.console.print(f"[bold]tuner[/]: {task.knob_space_size()} settings; sampling {self.trials} with TPE")
+        for _ in range(self.trials):
+            if ctx.stop_reason():
+                break
+            trial = study.ask()
+            knobs = {name: trial.suggest_categorical(name, knob.values) for name, knob in task.manifest.knobs.items()}
+            key = tuple(sorted(knobs.items()))
+            if key not in rows:
+                rows[key] = self._sweep(ctx, [knobs])[0]
+            row = rows[key]
+            study.tell(trial, math.log(row.score) if row.ok and row.score else float("inf"))
+        return sorted(rows.values(), key=lambda r: (not r.ok, r.score if r.score is not None else math.inf))
+
+    # -- the policy ----------------------------------------------------------------------------
+    def run(self, ctx) -> str:
+        rows = self.rank(ctx)
+        if not rows:
+            return "no knobs to tune"
+        current = ctx.gate.task.knob_settings(ctx.ws.task_path)
+        self.console.print(format_sweep(rows, baseline=current), highlight=False, markup=False)
+        ctx.log("note", text="tuner ranking", data={"rows": [r.model_dump(mode="json") for r in rows[:16]]})
+        best_score = next((r.score for r in rows if r.knobs == current and r.ok), None)
+        misses = 0
+        for row in rows:
+            if not row.ok or row.knobs == current:
+                continue
+            if best_score is not None and row.score is not None and row.score >= best_score:
+                break  # the rest ranked slower than the best: nothing left to win
+            stop = ctx.stop_reason()
+            if stop:
+                return stop
+            changed = {k: v for k, v in row.knobs.items() if current.get(k) != v}
+            title = "Tune knobs: " + ", ".join(f"{k}={v}" for k, v in changed.items())
+            rationale = (f"The knob sweep ranked this setting {self._rel(best_score, row.score)} faster than the "
+                         f"current best in quick timings ({row.device or 'this machine'}). Full setting: "
+                         + " ".join(f"{k}={v}" for k, v in row.knobs.items()))
+            verdict = ctx.submit(title, rationale, knobs=row.knobs)
+            mark = "[green]accepted[/]" if verdict.accepted else "[red]rejected[/]"
+            self.console.print(f"{mark} {title}: {verdict.reason}", highlight=False)
+            if verdict.accepted:
+                current, best_score, misses = dict(row.knobs), row.score, 0
+            else:
+                misses += 1
+                if misses >= self.patience:
+                    return f"{self.patience} rejections in a row"
+        return "search exhausted"
+
+    @staticmethod
+    def _rel(best: float | None, score: Any) -> str:
+        return f"x{best / score:.3f}" if best and score else "as"

@@ -1,0 +1,360 @@
+"""One optimisation session: a worktree on its own branch, a run record, the gate, and a policy.
+
+Only `submit` moves the branch, and only when the gate accepts. Every step is recorded before it
+takes effect (write-ahead): `attempt_started` (with the patch on disk) before the gate runs,
+`verdict` before the commit, `committed` after it. `resume` reads the record back and repairs
+whatever a kill left half-done, without losing an accepted commit or landing an unaccepted one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent import records as rec
+from agent.gate import Candidate, Gate, GateConfig, Verdict
+from agent.policies.base import Budget
+from agent.task import KNOBS_FILE, Task, load_task
+from agent.trailers import format_commit_message, parse_trailers, trailer_key
+from agent.workspace import Workspace
+from tools.base import ToolBox
+from tools.build import BuildResult
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def default_runs_root() -> Path:
+    env = os.environ.get("KLOOP_RUNS")
+    return Path(env).expanduser() if env else PROJECT_ROOT / "runs"
+
+
+class SessionError(Exception):
+    pass
+
+
+@dataclass
+class Attempt:
+    """One submission as the record tells it."""
+
+    number: int
+    title: str
+    rationale: str = ""
+    knobs: dict[str, Any] = field(default_factory=dict)
+    accepted: bool | None = None  # None: no verdict yet (interrupted)
+    reason: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
+    commit: str | None = None
+
+
+def attempts_from_events(events: list) -> list[Attempt]:
+    by_no: dict[int, Attempt] = {}
+    for ev in events:
+        if isinstance(ev, rec.AttemptStarted):
+            by_no[ev.attempt] = Attempt(ev.attempt, ev.title, ev.rationale, dict(ev.knobs))
+        elif isinstance(ev, rec.Verdict) and ev.attempt in by_no:
+            a = by_no[ev.attempt]
+            a.accepted, a.reason, a.figures = ev.accepted, ev.reason, dict(ev.figures)
+        elif isinstance(ev, rec.Committed) and ev.attempt in by_no:
+            by_no[ev.attempt].commit = ev.commit
+    return [by_no[k] for k in sorted(by_no)]
+
+
+def _versions(compiler: str | None, device=None) -> rec.Versions:
+    import platform
+
+    import torch
+
+    from agent import __version__
+
+    return rec.Versions(kloop=__version__, python=platform.python_version(), torch=torch.__version__,
+                        compiler=compiler, driver=getattr(device, "driver", None), cuda=getattr(device, "cuda_runtime", None))
+
+
+class Session:
+    """The state of a session and the context its policy and tools act through."""
+
+    def __init__(self, record: rec.RunRecord, ws: Workspace, gate: Gate, budget: Budget, gate_config: GateConfig):
+        self.record = record
+        self.ws = ws
+        self.gate = gate
+        self.budget = budget
+        self.gate_config = gate_config
+        self.task: Task = load_task(ws.task_path)
+        self.trusted_task: Task = gate.task
+        self.notes_path = record.dir / "notes.md"
+        self.best_commit = ws.head()
+        self.best_build: BuildResult | None = None
+        self.baseline: dict[str, Any] = {}
+        self.toolbox = ToolBox(context=self)
+        self.started = time.monotonic()
+        self.interrupted: str | None = None
+        self.policy_cost_usd = 0.0
+        self.turns = 0
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def start(cls, task_path: Path, policy: str, budget: Budget, runs_root: Path | None = None,
+              allow_dirty: bool = False, config: dict | None = None, gate_config: GateConfig | None = None) -> "Session":
+        task = load_task(task_path)
+        runs_root = Path(runs_root or default_runs_root()).resolve()
+        run_id = rec.new_run_id(task.name)
+        run_dir = runs_root / run_id
+        ws = Workspace.create(task.root, run_id, worktrees_root=runs_root / "_worktrees", allow_dirty=allow_dirty)
+        gate_config = gate_config or GateConfig()
+        info = rec.RunInfo(
+            run_id=run_id, task=task.name, task_rel=ws.task_rel, task_path=task.root, policy=policy,
+            config={"budget": budget.__dict__, "gate": gate_config.model_dump(), **(config or {})},
+            base_commit=ws.base_commit, branch=ws.branch, repo_root=ws.repo_root, worktree=ws.path,
+            versions=_versions(None),
+        )
+        record = rec.RunRecord.create(runs_root, info)
+        trusted = run_dir / "trusted"
+        ws.export_tree(ws.base_commit, trusted, subdir=None if ws.task_rel == "." else ws.task_rel)
+        session = cls(record, ws, Gate(trusted, ws.task_rel, gate_config), budget, gate_config)
+        session.log("session_started")
+        return session
+
+    @classmethod
+    def resume(cls, run_dir: Path, budget: Budget | None = None) -> "Session":
+        record = rec.RunRecord.open(run_dir)
+        info = record.info
+        ws = Workspace.open(info.repo_root, info.run_id, Path(info.worktree).parent, info.task_rel, info.base_commit)
+        cfg = info.config or {}
+        gate_config = GateConfig(**cfg.get("gate", {}))
+        budget = budget or Budget(**cfg.get("budget", {}))
+        session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), budget, gate_config)
+        session.repair()
+        session.log("session_started", resumed=True)
+        return session
+
+    # ---- record --------------------------------------------------------------------------------
+    def log(self, kind: str, **data: Any) -> None:
+        self.record.append(rec.make_event(kind, **data))
+
+    def events(self) -> list:
+        return self.record.events()
+
+    def attempts(self) -> list[Attempt]:
+        return attempts_from_events(self.events())
+
+    def attempts_made(self) -> int:
+        return len(self.attempts())
+
+    def repair(self) -> None:
+        """Bring the worktree and the record into agreement after a kill (see the module docstring)."""
+        attempts = self.attempts()
+        accepted = {a.number: a for a in attempts if a.accepted}
+        # 1. commits on the branch must each carry an accepted attempt; anything else is cut off
+        commits = self.ws.commits_since_base() if hasattr(self.ws, "commits_since_base") else _commits_since(self.ws)
+        keep = self.ws.base_commit
+        for sha, message in commits:
+            number = dict(parse_trailers(message)).get("Kloop-Attempt")
+            if number is None or int(number) not in accepted:
+                break
+            keep = sha
+            a = accepted[int(number)]
+            if a.commit is None:  # killed between the commit and its record
+                self.log("committed", attempt=a.number, commit=sha)
+                a.commit = sha
+        if keep != self.ws.head():
+            _move_branch(self.ws, keep)
+        self.best_commit = keep
+        # 2. an accepted verdict whose commit never happened: land it now (the gate already decided)
+        for a in attempts:
+            if a.accepted and a.commit is None:
+                self.ws.restore(self.best_commit)
+                self.ws.apply_patch(self.record.read_patch(a.number))
+                sha = self.ws.commit(self._message(a.title, a.rationale, a.figures, a.number))
+                self.log("committed", attempt=a.number, commit=sha)
+                self.best_commit = sha
+        # 3. an attempt with no verdict was interrupted mid-gate: it counts, and is rejected
+        for a in attempts:
+            if a.accepted is None:
+                self.log("verdict", attempt=a.number, accepted=False, reason="interrupted: the session stopped during evaluation",
+                         figures={"stage": "interrupted"})
+        self.ws.restore(self.best_commit)
+        self.log("restored", to=self.best_commit)
+
+    # ---- baseline ------------------------------------------------------------------------------
+    def establish_baseline(self) -> Verdict:
+        """Build and check the best (the base, or the last accepted commit on resume)."""
+        verdict = self.gate.evaluate(Candidate(self.ws.task_path, []), best=None)
+        if not verdict.accepted:
+            raise SessionError(f"the starting point does not pass its own gate: {verdict.reason}")
+        self.best_build = verdict.build
+        figures = {"build": verdict.build.model_dump(mode="json", include={"kernels", "compiler", "knobs", "key"}),
+                   "device": verdict.device.model_dump(mode="json") if verdict.device else None}
+        try:
+            from tools.evaluate import run_bench
+
+            res = run_bench(self.trusted_task, verdict.build.lib, comparators=True, seconds_per_shape=0.5,
+                            trusted_dir=self.gate.trusted_dir)
+            if res.bench:
+                figures["bench"] = res.bench.model_dump(mode="json")
+        except Exception as exc:  # the baseline timing only informs the briefing
+            figures["bench_error"] = str(exc)
+        self.baseline = figures
+        info = self.record.info
+        info.versions = _versions(verdict.build.compiler, verdict.device)
+        if verdict.device:
+            info.gpu = verdict.device.name if verdict.device.kind == "cuda" else None
+            info.machine = verdict.device.model_dump(mode="json")
+        self.record.write_info(info)
+        self.log("baseline", commit=self.best_commit, figures=figures)
+        return verdict
+
+    # ---- the two actions that change the branch --------------------------------------------------
+    def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None) -> Verdict:
+        if self.best_build is None:
+            self.establish_baseline()
+        number = self.attempts_made() + 1
+        if knobs:
+            current = self.task.knob_settings(self.ws.task_path)
+            current.update(self.task.resolve_knobs(knobs))
+            self.task.write_knob_settings(self.ws.task_path, current)
+        patch = self.ws.diff(against=self.best_commit)
+        changed = self.ws.changed_paths(against=self.best_commit)
+        patch_path = self.record.write_patch(number, patch)
+        self.log("attempt_started", attempt=number, title=title, rationale=rationale,
+                 patch=str(patch_path.relative_to(self.record.dir)), knobs=knobs or {})
+        if not changed:
+            verdict = Verdict(accepted=False, stage="scope", reason="nothing changed against the best")
+        else:
+            verdict = self.gate.evaluate(Candidate(self.ws.task_path, changed), self.best_build)
+        self.log("verdict", attempt=number, accepted=verdict.accepted, reason=verdict.reason, figures=verdict.figures())
+        if verdict.accepted:
+            sha = self.ws.commit(self._message(title, rationale, verdict.figures(), number))
+            self.log("committed", attempt=number, commit=sha)
+            self.best_commit, self.best_build = sha, verdict.build
+        else:
+            self.ws.restore(self.best_commit)
+            self.log("restored", to=self.best_commit, attempt=number)
+        return verdict
+
+    def revert(self) -> str:
+        self.ws.restore(self.best_commit)
+        self.log("restored", to=self.best_commit)
+        return self.best_commit
+
+    # ---- what the policy is told ---------------------------------------------------------------
+    def stop_reason(self) -> str | None:
+        if self.interrupted:
+            return self.interrupted
+        b = self.budget
+        if b.max_hours is not None and time.monotonic() - self.started >= b.max_hours * 3600:
+            return "max_hours"
+        if b.max_attempts is not None and self.attempts_made() >= b.max_attempts:
+            return "max_attempts"
+        return None
+
+    def system_prompt(self) -> str:
+        from agent.briefing import system_prompt
+
+        return system_prompt(self)
+
+    def briefing(self) -> str:
+        from agent.briefing import briefing
+
+        return briefing(self)
+
+    def memory(self) -> str:
+        from agent.briefing import memory
+
+        return memory(self)
+
+    # ---- running -------------------------------------------------------------------------------
+    def run(self, policy) -> str:
+        """Run `policy` to the end; the branch is left at best whatever happens."""
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum, _frame):
+            self.interrupted = f"signal {signal.Signals(signum).name}"
+
+        for s in previous:
+            signal.signal(s, on_signal)
+        reason = "error"
+        try:
+            if self.best_build is None:
+                self.establish_baseline()
+            reason = policy.run(self) or "done"
+        except SessionError as exc:
+            reason = f"error: {exc}"
+            raise
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            try:
+                self.ws.restore(self.best_commit)
+            finally:
+                self.log("session_ended", reason=self.interrupted or reason)
+        return self.interrupted or reason
+
+    # ---- evidence ------------------------------------------------------------------------------
+    def _message(self, title: str, rationale: str, figures: dict, number: int) -> str:
+        return format_commit_message(title, rationale or "(no rationale given)",
+                                     evidence_trailers(figures, self.best_build, self.record.info.run_id, number))
+
+
+def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, number: int) -> list[tuple[str, str]]:
+    """Speedup with its interval, time per bench shape, registers/spills per kernel (change from
+    best), where it was measured, run and attempt."""
+    out: list[tuple[str, str]] = []
+    if figures.get("speedup") is not None:
+        out.append(("Kloop-Speedup", f"{figures['speedup']:.4f}"))
+        out.append(("Kloop-Speedup-CI95", f"{figures['speedup_lo']:.4f}..{figures['speedup_hi']:.4f}"))
+    ab = figures.get("ab") or {}
+    for s in ab.get("shapes", []):
+        out.append((trailer_key("Kloop-Time", s["shape"]),
+                    f"{_ms(s['time_a'])} -> {_ms(s['time_b'])} (x{s['speedup']:.4f}, {s['speedup_lo']:.4f}..{s['speedup_hi']:.4f}, {s['pairs']} pairs)"))
+    before = {k.name: k for k in (best.kernels if best else [])}
+    for k in (figures.get("build") or {}).get("kernels", []):
+        b = before.get(k["name"])
+        regs = f"{b.registers} -> {k['registers']}" if b and b.registers != k["registers"] else f"{k['registers']}"
+        spills = f"spills {k['spill_store_bytes']}/{k['spill_load_bytes']} B"
+        if b and (b.spill_store_bytes, b.spill_load_bytes) != (k["spill_store_bytes"], k["spill_load_bytes"]):
+            spills = f"spills {b.spill_store_bytes}/{b.spill_load_bytes} -> {k['spill_store_bytes']}/{k['spill_load_bytes']} B"
+        out.append((trailer_key("Kloop-Regs", k["name"].split("(")[0][-40:]), f"{regs} regs, {spills}"))
+    build = figures.get("build") or {}
+    if build.get("knobs"):
+        out.append(("Kloop-Knobs", " ".join(f"{k}={v}" for k, v in build["knobs"].items())))
+    dev = figures.get("device") or {}
+    if dev:
+        where = dev.get("name", "?")
+        if dev.get("driver"):
+            where += f", driver {dev['driver']}"
+        if dev.get("cuda_runtime"):
+            where += f", CUDA {dev['cuda_runtime']}"
+        out.append(("Kloop-Device", where))
+    if build.get("compiler"):
+        out.append(("Kloop-Compiler", build["compiler"]))
+    if ab:
+        out.append(("Kloop-Timing", f"{ab.get('pairs')} pairs in {ab.get('timing_seconds')} s ({ab.get('stopped_because')})"))
+    out.append(("Kloop-Run", run_id))
+    out.append(("Kloop-Attempt", str(number)))
+    return out
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4f}ms"
+
+
+def _commits_since(ws: Workspace) -> list[tuple[str, str]]:
+    """(sha, message) of the branch's commits after the base, oldest first."""
+    import git
+
+    repo = git.Repo(ws.path)
+    commits = list(repo.iter_commits(f"{ws.base_commit}..{ws.branch}", reverse=True))
+    return [(c.hexsha, c.message) for c in commits]
+
+
+def _move_branch(ws: Workspace, sha: str) -> None:
+    import git
+
+    repo = git.Repo(ws.path)
+    repo.git.reset("--hard", sha)

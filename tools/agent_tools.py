@@ -1,0 +1,230 @@
+"""The agent's engineering tools, bound to a session: build, sass, check, bench, sweep, profile,
+history, submit, revert (the file and notes tools live in tools/files.py).
+
+Each tool reads the candidate from the session's worktree; the manifest and spec always come from
+the trusted copy. Results are short texts (capped by the ToolBox) with structured data beside them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from tools.base import Tool, ToolBox, ToolInput, ToolResult
+from tools.build import build, format_build
+
+KnobMap = dict[str, int | float | str | bool]
+
+
+def _trusted(ctx):
+    return ctx.gate.task
+
+
+def _build(ctx, knobs: KnobMap | None):
+    return build(_trusted(ctx), knobs or None, src_root=ctx.ws.task_path)
+
+
+# ---- build --------------------------------------------------------------------------------------
+
+class BuildInput(ToolInput):
+    knobs: KnobMap | None = Field(default=None, description="Knob overrides for this build, e.g. {\"THREADS\": 512}. Default: the current settings.")
+
+
+def build_tool(ctx, args: BuildInput) -> ToolResult:
+    result = _build(ctx, args.knobs)
+    return ToolResult(ok=result.ok, text=format_build(result), data=result.model_dump(mode="json", exclude={"log_tail"}))
+
+
+# ---- sass ---------------------------------------------------------------------------------------
+
+class SassInput(ToolInput):
+    kernel: str | None = Field(default=None, description="With `pattern`: the kernel (substring of its name) to excerpt from.")
+    pattern: str | None = Field(default=None, description="A regex over SASS lines (e.g. 'LDG|STG', 'HGMMA', 'LDL|STL'); shows the lines around each match.")
+    context: int = Field(default=4, ge=0, le=20, description="Lines of context around each match.")
+    knobs: KnobMap | None = Field(default=None, description="Knob overrides for the build to disassemble.")
+
+
+def sass_tool(ctx, args: SassInput) -> ToolResult:
+    from tools.sass import format_mix, sass_excerpt, sass_mix
+
+    result = _build(ctx, args.knobs)
+    if not result.ok:
+        return ToolResult(ok=False, text=format_build(result))
+    if _trusted(ctx).target != "cuda":
+        return ToolResult(ok=False, text="sass: this is a CPU task; there is no SASS (read the source and time it)")
+    if args.pattern:
+        kernel = args.kernel or (result.kernels[0].mangled if len(result.kernels) == 1 else None)
+        if kernel is None:
+            names = ", ".join(k.name for k in result.kernels)
+            return ToolResult(ok=False, text=f"sass: name the kernel to excerpt from (one of: {names})")
+        return ToolResult(text=sass_excerpt(Path(result.lib), kernel, args.pattern, context=args.context))
+    return ToolResult(text=format_mix(sass_mix(Path(result.lib))))
+
+
+# ---- check / bench ------------------------------------------------------------------------------
+
+class CheckInput(ToolInput):
+    knobs: KnobMap | None = Field(default=None, description="Knob overrides for this check.")
+    shapes: list[str] | None = Field(default=None, description="Only these check shapes (default: all). The gate always checks all, with its own secret inputs.")
+
+
+def check_tool(ctx, args: CheckInput) -> ToolResult:
+    from tools.check import format_check
+    from tools.evaluate import run_check
+
+    result = _build(ctx, args.knobs)
+    if not result.ok:
+        return ToolResult(ok=False, text=format_build(result))
+    res = run_check(_trusted(ctx), result.lib, shapes=args.shapes, trusted_dir=ctx.gate.trusted_dir)
+    if not res.ok or res.check is None:
+        return ToolResult(ok=False, text=f"check could not run: {res.error}")
+    return ToolResult(ok=res.check.passed, text=format_check(res.check), data={"passed": res.check.passed})
+
+
+class BenchInput(ToolInput):
+    knobs: KnobMap | None = Field(default=None, description="Knob overrides for this timing.")
+    shapes: list[str] | None = Field(default=None, description="Bench shapes to time (default: all bench shapes).")
+    seconds: float = Field(default=0.5, gt=0, le=5, description="Timing seconds per shape.")
+    comparators: bool = Field(default=False, description="Also time the library ops the kernel replaces.")
+
+
+def bench_tool(ctx, args: BenchInput) -> ToolResult:
+    from tools.bench import format_bench
+    from tools.evaluate import run_bench
+
+    result = _build(ctx, args.knobs)
+    if not result.ok:
+        return ToolResult(ok=False, text=format_build(result))
+    res = run_bench(_trusted(ctx), result.lib, shapes=args.shapes, comparators=args.comparators,
+                    seconds_per_shape=args.seconds, trusted_dir=ctx.gate.trusted_dir)
+    if not res.ok or res.bench is None:
+        return ToolResult(ok=False, text=f"bench could not run: {res.error}")
+    text = format_bench(res.bench, res.device.label() if res.device else "")
+    text += "\n" + roofline_lines(ctx, res.bench)
+    return ToolResult(text=text + "\n(quick timing, not a gate decision: only submit decides)",
+                      data=res.bench.model_dump(mode="json"))
+
+
+def roofline_lines(ctx, bench) -> str:
+    from agent.briefing import peak_rates
+
+    flops_peak, bytes_peak = peak_rates(_trusted(ctx), ctx)
+    out = []
+    for s in bench.shapes:
+        if not s.kernel:
+            continue
+        floor = max((s.flops or 0) / flops_peak if flops_peak else 0, (s.bytes or 0) / bytes_peak if bytes_peak else 0)
+        if floor > 0:
+            out.append(f"{s.shape}: roofline floor {floor * 1e6:.1f} us; at {100 * floor / s.kernel.median:.1f}% of it")
+    return "\n".join(out)
+
+
+# ---- sweep --------------------------------------------------------------------------------------
+
+class SweepInput(ToolInput):
+    configs: list[KnobMap] | None = Field(default=None, description="Knob settings to rank, each a map of overrides. Default: every combination of the knobs (capped at 64).")
+    seconds: float = Field(default=0.3, gt=0, le=3, description="Timing seconds per shape per setting.")
+
+
+def sweep_tool(ctx, args: SweepInput) -> ToolResult:
+    from tools.sweep import format_sweep, knob_grid, sweep
+
+    configs = args.configs or knob_grid(_trusted(ctx))
+    if len(configs) > 64:
+        return ToolResult(ok=False, text=f"sweep: {len(configs)} settings is too many for one call (max 64); pass `configs`")
+    rows = sweep(_trusted(ctx), configs, src_root=ctx.ws.task_path, trusted_dir=ctx.gate.trusted_dir, seconds_per_shape=args.seconds)
+    current = ctx.task.knob_settings(ctx.ws.task_path)
+    return ToolResult(text=format_sweep(rows, baseline=current) + "\nTo land a setting, submit with `knobs`.",
+                      data={"rows": [r.model_dump(mode="json") for r in rows]})
+
+
+# ---- profile ------------------------------------------------------------------------------------
+
+class ProfileInput(ToolInput):
+    shape: str | None = Field(default=None, description="Bench shape to profile (default: the first).")
+    knobs: KnobMap | None = Field(default=None, description="Knob overrides.")
+
+
+def profile_tool(ctx, args: ProfileInput) -> ToolResult:
+    import sys
+    import tempfile
+
+    from tools.profile import format_profile, profile_command
+    from tools.protocol import WorkerRequest
+    from tools.runner import scrubbed_env
+
+    task = _trusted(ctx)
+    if task.target != "cuda":
+        return ToolResult(ok=False, text="profile: unavailable for CPU tasks (ncu profiles CUDA kernels)")
+    result = _build(ctx, args.knobs)
+    if not result.ok:
+        return ToolResult(ok=False, text=format_build(result))
+    shape = args.shape or task.bench_shapes[0].name
+    task.shape(shape)
+    regex = "|".join(k.mangled for k in result.kernels) or None
+    with tempfile.TemporaryDirectory(prefix="kloop-profile-") as tmp:
+        req = WorkerRequest(kind="bench", task_dir=str(ctx.gate.trusted_dir), libs=[result.lib], shapes=[shape],
+                            comparators=False, max_seconds=0.0)
+        Path(tmp, "req.json").write_text(req.model_dump_json())
+        prof = profile_command([sys.executable, "-m", "tools.worker", str(Path(tmp, "req.json")), str(Path(tmp, "res.json"))],
+                               kernel_regex=regex, env=scrubbed_env(), cwd=tmp, timeout=300)
+    return ToolResult(ok=prof.ok, text=format_profile(prof), data=prof.model_dump(mode="json"))
+
+
+# ---- history, submit, revert --------------------------------------------------------------------
+
+class HistoryInput(ToolInput):
+    pass
+
+
+def history_tool(ctx, args: HistoryInput) -> ToolResult:
+    from agent.briefing import ledger
+
+    return ToolResult(text=ledger(ctx) or "no attempts yet")
+
+
+class SubmitInput(ToolInput):
+    title: str = Field(min_length=3, max_length=200, description="One line: what changed (becomes the commit title).")
+    rationale: str = Field(default="", max_length=4000, description="Why it should be faster, what you measured (becomes the commit body).")
+    knobs: KnobMap | None = Field(default=None, description="Knob settings to land with this change (saved in knobs.toml).")
+
+
+def submit_tool(ctx, args: SubmitInput) -> ToolResult:
+    verdict = ctx.submit(args.title, args.rationale, args.knobs)
+    text = verdict.summary()
+    text += ("\nThe change is committed; it is the new best." if verdict.accepted
+             else "\nThe worktree is back at the best version; your edits were reverted (the attempt is recorded).")
+    return ToolResult(ok=True, text=text, event="accepted" if verdict.accepted else "rejected",
+                      data={"accepted": verdict.accepted, "stage": verdict.stage, "speedup": verdict.speedup})
+
+
+class RevertInput(ToolInput):
+    pass
+
+
+def revert_tool(ctx, args: RevertInput) -> ToolResult:
+    sha = ctx.revert()
+    return ToolResult(text=f"worktree restored to the best version ({sha[:10]}); uncommitted edits are gone", event="reverted")
+
+
+ENGINEERING_TOOLS = [
+    Tool("build", "Compile the current sources (optionally with knob overrides): errors with file:line, and per kernel the registers, spills, shared memory and ptxas warnings.", BuildInput, build_tool),
+    Tool("sass", "The SASS instruction mix per kernel (tensor-core, FP32, loads/stores with widths, local memory, barriers, shuffles, MUFU), or an excerpt around a regex.", SassInput, sass_tool),
+    Tool("check", "Run the correctness check (fresh random inputs, every check shape, poisoned outputs, inputs verified unchanged) and show the error table.", CheckInput, check_tool),
+    Tool("bench", "Quick non-gating timing per bench shape: median and spread, TFLOP/s and GB/s, % of the roofline; optionally the comparators.", BenchInput, bench_tool),
+    Tool("sweep", "Rank knob settings: parallel builds, quick timings, a ranked table. Use it before hand-tuning constants.", SweepInput, sweep_tool),
+    Tool("profile", "Nsight Compute figures for one bench shape: SM/DRAM/tensor-pipe throughput %, occupancy, top stall reasons, bank conflicts.", ProfileInput, profile_tool),
+    Tool("history", "Every attempt so far: title, verdict, speedup and the gate's reason.", HistoryInput, history_tool),
+    Tool("submit", "Submit the current sources (and optional knob settings) to the gate. Accepted: committed as the new best. Rejected: the worktree is restored to best. Each call costs an attempt.", SubmitInput, submit_tool),
+    Tool("revert", "Throw away uncommitted edits: restore the worktree to the best version.", RevertInput, revert_tool),
+]
+
+
+def session_toolbox(ctx) -> ToolBox:
+    from tools.files import file_tools
+
+    box = ToolBox(context=ctx)
+    for tool in [*file_tools(), *ENGINEERING_TOOLS]:
+        box.add(tool)
+    return box

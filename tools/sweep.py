@@ -1,0 +1,100 @@
+"""Sweep knob settings: build them in parallel across the cores, time them one after another.
+
+A sweep only ranks (quick, non-gating timings); the gate decides what lands.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from agent.task import KnobValue, Task, TaskError
+from tools.build import build
+from tools.evaluate import run_bench
+
+
+class SweepRow(BaseModel):
+    knobs: dict[str, KnobValue]
+    ok: bool
+    error: str | None = None
+    times: dict[str, float] = Field(default_factory=dict)  # shape -> median seconds
+    score: float | None = None  # weighted geometric mean of the times (lower is faster)
+    registers: dict[str, int | None] = Field(default_factory=dict)
+    spills: int = 0
+    device: str | None = None
+
+
+def knob_grid(task: Task, fixed: dict[str, Any] | None = None) -> list[dict[str, KnobValue]]:
+    """Every combination of the task's knobs (with `fixed` ones pinned)."""
+    names = sorted(task.manifest.knobs)
+    pinned = task.resolve_knobs(fixed or {}) if fixed else {}
+    axes = [[pinned[n]] if n in (fixed or {}) else task.manifest.knobs[n].values for n in names]
+    return [dict(zip(names, combo)) for combo in itertools.product(*axes)]
+
+
+def weighted_geomean(task: Task, times: dict[str, float]) -> float | None:
+    shapes = [s for s in task.bench_shapes if s.name in times and times[s.name] > 0]
+    if not shapes:
+        return None
+    total = sum(s.weight for s in shapes)
+    return math.exp(sum(s.weight * math.log(times[s.name]) for s in shapes) / total)
+
+
+def sweep(task: Task, configs: list[dict[str, Any]], src_root: Path | None = None, trusted_dir: Path | None = None,
+          seconds_per_shape: float = 0.3, shapes: list[str] | None = None, jobs: int | None = None) -> list[SweepRow]:
+    """Rank `configs` (knob overrides): parallel builds, then sequential timings, fastest first."""
+    jobs = jobs or max(1, (os.cpu_count() or 2))
+
+    def build_one(knobs):
+        try:
+            return knobs, build(task, knobs, src_root=src_root), None
+        except TaskError as exc:
+            return knobs, None, str(exc)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        built = list(pool.map(build_one, configs))
+    rows = []
+    for knobs, result, error in built:
+        full = result.knobs if result else knobs
+        if result is None or not result.ok:
+            rows.append(SweepRow(knobs=full, ok=False, error=error or (result.error_text()[:500] if result else "")))
+            continue
+        res = run_bench(task, result.lib, shapes=shapes, comparators=False, seconds_per_shape=seconds_per_shape,
+                        trusted_dir=trusted_dir)
+        row = SweepRow(knobs=full, ok=res.ok and res.bench is not None,
+                       registers={k.name: k.registers for k in result.kernels},
+                       spills=sum(k.spill_store_bytes + k.spill_load_bytes for k in result.kernels),
+                       device=res.device.label() if res.device else None)
+        if res.bench:
+            errors = [f"{s.shape}: {s.error}" for s in res.bench.shapes if s.error]
+            row.times = {s.shape: s.kernel.median for s in res.bench.shapes if s.kernel}
+            row.score = weighted_geomean(task, row.times)
+            if errors:
+                row.ok, row.error = False, "; ".join(errors)[:500]
+        else:
+            row.error = res.error
+        rows.append(row)
+    return sorted(rows, key=lambda r: (not r.ok, r.score if r.score is not None else math.inf))
+
+
+def format_sweep(rows: list[SweepRow], baseline: dict[str, KnobValue] | None = None) -> str:
+    """A ranked table; speed relative to the baseline setting when it was swept."""
+    base = next((r.score for r in rows if baseline and r.knobs == baseline and r.score), None)
+    lines = [f"{'rank':>4}  {'score (geomean)':>16} {'vs current':>10}  knobs"]
+    for i, r in enumerate(rows, 1):
+        knobs = " ".join(f"{k}={v}" for k, v in r.knobs.items())
+        if not r.ok:
+            lines.append(f"{i:>4}  {'failed':>16} {'':>10}  {knobs}: {(r.error or '').splitlines()[0][:120] if r.error else ''}")
+            continue
+        rel = f"x{base / r.score:.3f}" if base and r.score else ""
+        spill = f"  SPILLS {r.spills} B" if r.spills else ""
+        lines.append(f"{i:>4}  {r.score * 1e3:>13.4f} ms {rel:>10}  {knobs}{spill}")
+    if rows and rows[0].device:
+        lines.append(f"(quick timings, not gating; measured on {rows[0].device})")
+    return "\n".join(lines)
