@@ -1,0 +1,136 @@
+"""The flash_attn_fwd task: manifest, spec and a compile of every knob value (no GPU needed)."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from agent.task import load_task  # noqa: E402
+from tools.spec import load_spec  # noqa: E402
+
+TASK_DIR = Path(__file__).resolve().parents[1] / "kernels" / "flash_attn_fwd"
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(TASK_DIR)
+
+
+@pytest.fixture(scope="module")
+def spec(task):
+    return load_spec(task.spec_path)
+
+
+def test_manifest(task):
+    m = task.manifest
+    assert m.target == "cuda" and m.arch == "sm_90a"
+    assert m.sources == ["flash_attn_fwd.cu"]
+    assert task.is_editable("flash_attn_fwd.cu") and not task.is_editable("spec.py")
+    assert set(m.knobs) == {"BLOCK_M", "BLOCK_N", "NUM_WARPS", "STAGES"}
+    assert "lse" in m.tolerance_for and m.tolerance_for["lse"].atol < m.tolerance.atol
+    dims = {"batch", "heads", "seqlen", "head_dim", "causal"}
+    for s in m.shapes:
+        assert set(s.dims) == dims, s.name
+        assert s.dims["head_dim"] in (64, 128), s.name
+    checks = task.check_shapes
+    assert {s.dims["head_dim"] for s in checks} == {64, 128}
+    assert {s.dims["causal"] for s in checks} == {True, False}
+    # sequence lengths off every tile size, and single batch/head shapes
+    assert any(s.dims["seqlen"] % 32 for s in checks)
+    assert any(s.dims["batch"] == 1 and s.dims["heads"] == 1 for s in checks)
+    for s in task.bench_shapes:  # FlashAttention-paper convention: 16k tokens, width 2048
+        assert s.dims["batch"] * s.dims["seqlen"] == 16384 and s.dims["heads"] * s.dims["head_dim"] == 2048
+        assert not s.check
+
+
+def _direct(q, k, v, causal, scale):
+    q, k, v = (t.double() for t in (q, k, v))
+    s = q @ k.transpose(-1, -2) * scale
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_reference_matches_direct_fp64(spec, causal, head_dim):
+    shape = {"batch": 2, "heads": 3, "seqlen": 37, "head_dim": head_dim, "causal": causal}
+    gen = torch.Generator().manual_seed(0)
+    inputs = spec.make_inputs(shape, gen, torch.device("cpu"))
+    assert all(t.dtype == torch.bfloat16 and t.shape == (2, 3, 37, head_dim) for t in inputs.values())
+    assert all(t.abs().sum() > 0 for t in inputs.values())
+    outputs = spec.make_outputs(shape, inputs)
+    assert outputs["o"].dtype == torch.bfloat16 and outputs["lse"].dtype == torch.float32
+    assert outputs["lse"].shape == (2, 3, 37)
+    ref = spec.reference(shape, inputs)
+    o64, lse64 = _direct(inputs["q"], inputs["k"], inputs["v"], causal, 1 / math.sqrt(head_dim))
+    assert ref["o"].shape == o64.shape and ref["lse"].shape == lse64.shape
+    torch.testing.assert_close(ref["o"].double(), o64, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref["lse"].double(), lse64, atol=1e-5, rtol=1e-5)
+
+
+def test_reference_chunking(spec, monkeypatch):
+    """Chunked over heads and query rows (as for the large shapes) gives the same answer."""
+    shape = {"batch": 1, "heads": 2, "seqlen": 50, "head_dim": 64, "causal": True}
+    inputs = spec.make_inputs(shape, torch.Generator().manual_seed(1), torch.device("cpu"))
+    whole = spec.reference(shape, inputs)
+    monkeypatch.setattr(spec.module, "_CHUNK_BYTES", 50 * 4 * 7)  # 7 query rows per chunk, 1 head
+    parts = spec.reference(shape, inputs)
+    torch.testing.assert_close(parts["o"], whole["o"], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(parts["lse"], whole["lse"], atol=1e-6, rtol=1e-6)
+
+
+def test_flops_and_bytes(spec):
+    shape = {"batch": 4, "heads": 16, "seqlen": 4096, "head_dim": 128, "causal": False}
+    assert spec.flops(shape) == 4 * 4 * 16 * 4096 * 4096 * 128
+    assert spec.flops({**shape, "causal": True}) == spec.flops(shape) / 2
+    assert spec.bytes_moved(shape) == 4 * 4 * 16 * 4096 * 128 * 2 + 4 * 16 * 4096 * 4
+    assert set(spec.comparators) == {"sdpa_flash", "sdpa_cudnn"}
+
+
+# ---- compile: default knobs and each other knob value, both head dims (the .cu instantiates both)
+
+def _knob_variants(task):
+    defaults = task.knob_defaults()
+    variants = [dict(defaults)]
+    for name, knob in task.manifest.knobs.items():
+        for value in knob.values:
+            if value != knob.default:
+                variants.append({**defaults, name: value})
+    return variants
+
+
+def _compile(task, knobs, out_dir: Path):
+    tag = "_".join(f"{k}{v}" for k, v in sorted(knobs.items()))
+    cmd = ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", *task.manifest.flags, "-Xptxas", "-v",
+           "-shared", "-Xcompiler", "-fPIC", *(f"-D{k}={v}" for k, v in knobs.items()),
+           str(TASK_DIR / "flash_attn_fwd.cu"), "-o", str(out_dir / f"fa_{tag}.so")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return knobs, proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_compiles_for_every_knob_value(task, tmp_path):
+    variants = _knob_variants(task)
+    assert len(variants) == 1 + sum(len(k.values) - 1 for k in task.manifest.knobs.values())
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda kn: _compile(task, kn, tmp_path), variants))
+    for knobs, rc, log in results:
+        assert rc == 0, f"nvcc failed for {knobs}:\n{log[-3000:]}"
+        kernels = re.findall(r"Compiling entry function '(\w+)'", log)
+        assert len(kernels) == 2, f"expected the head_dim 64 and 128 kernels for {knobs}, got {kernels}"
+    # the defaults must not spill
+    knobs, _, log = results[0]
+    assert knobs == task.knob_defaults()
+    spills = [(int(a), int(b)) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
+    assert len(spills) == 2 and all(s == (0, 0) for s in spills), f"spills at the default knobs:\n{log}"
