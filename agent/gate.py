@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from agent.task import KNOBS_FILE, MANIFEST, Task, TaskError
+from agent.task import KNOBS_FILE, MANIFEST, TaskError, load_task
 from tools.build import BuildResult, build
 from tools.check import format_check
 from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest
@@ -111,9 +111,6 @@ class Gate:
     def __init__(self, trusted_dir: Path, task_rel: str, config: GateConfig | None = None):
         """`trusted_dir`: the task folder as of the run's base commit; `task_rel`: its repo-relative path."""
         self.trusted_dir = Path(trusted_dir)
-        self.task = Task.__new__(Task)
-        from agent.task import load_task
-
         self.task = load_task(self.trusted_dir)
         self.task_rel = task_rel.strip("/")
         self.config = config or GateConfig()
@@ -205,22 +202,30 @@ class Gate:
         return done(self.decide(built, best, res.check, check_seed))
 
     def decide(self, built: BuildResult, best: BuildResult, check: CheckReport, check_seed: int) -> Verdict:
+        """Paired timing in a fresh worker, then `judge`."""
         m = self.task.manifest
         timing_seed = secrets.randbits(62)
+        res = run_worker(self.ab_request(best.lib, built.lib, timing_seed), timeout=m.timeout_s + 4 * self.config.max_seconds + 60)
+        common = dict(build=built, check=check, device=res.device, check_seed=check_seed, timing_seed=timing_seed)
+        if not res.ok or res.ab is None:
+            return Verdict(accepted=False, stage="timing", reason=f"timing did not complete: {res.error}",
+                           min_gain=m.min_gain, **common)
+        return self.judge(res.ab, **common)
+
+    def ab_request(self, best_lib: str, cand_lib: str, seed: int) -> WorkerRequest:
         shapes = self.task.bench_shapes
-        req = WorkerRequest(
-            kind="ab", task_dir=str(self.trusted_dir), libs=[best.lib, built.lib], shapes=[s.name for s in shapes],
-            seed=timing_seed, max_seconds=self.config.max_seconds, min_pairs=self.config.min_pairs,
-            target_halfwidth=self.config.target_halfwidth, min_gain=m.min_gain,
+        return WorkerRequest(
+            kind="ab", task_dir=str(self.trusted_dir), libs=[best_lib, cand_lib], shapes=[s.name for s in shapes],
+            seed=seed, max_seconds=self.config.max_seconds, min_pairs=self.config.min_pairs,
+            target_halfwidth=self.config.target_halfwidth, min_gain=self.task.manifest.min_gain,
             allowances={s.name: self.task.allowance(s) for s in shapes}, weights={s.name: s.weight for s in shapes},
         )
-        res = run_worker(req, timeout=m.timeout_s + 4 * self.config.max_seconds + 60)
-        common = dict(build=built, check=check, device=res.device, check_seed=check_seed, timing_seed=timing_seed,
+
+    def judge(self, ab: ABReport, **evidence) -> Verdict:
+        """The decision from paired timings alone (pure: the gate's benchmark calls it directly)."""
+        m = self.task.manifest
+        common = dict(evidence, ab=ab, speedup=ab.speedup, speedup_lo=ab.speedup_lo, speedup_hi=ab.speedup_hi,
                       min_gain=m.min_gain)
-        if not res.ok or res.ab is None:
-            return Verdict(accepted=False, stage="timing", reason=f"timing did not complete: {res.error}", **common)
-        ab = res.ab
-        common.update(ab=ab, speedup=ab.speedup, speedup_lo=ab.speedup_lo, speedup_hi=ab.speedup_hi)
         wrong = [s for s in ab.shapes if not s.timed_outputs_ok]
         if wrong:
             return Verdict(accepted=False, stage="timing", **common,

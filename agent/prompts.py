@@ -26,6 +26,10 @@ class PromptError(Exception):
     """A prompt that cannot be loaded or rendered; the message names the file and the fields."""
 
 
+class PromptNotFound(PromptError, FileNotFoundError):
+    """No prompts/<name>.md (also a FileNotFoundError, for callers that treat playbooks as optional)."""
+
+
 def load_prompt(name: str) -> str:
     """The text of prompts/<name>.md (name without the suffix, e.g. 'system')."""
     stem = name[:-3] if name.endswith(".md") else name
@@ -34,7 +38,7 @@ def load_prompt(name: str) -> str:
     path = PROMPTS_DIR / f"{stem}.md"
     if not path.is_file():
         have = sorted(p.stem for p in PROMPTS_DIR.glob("*.md"))
-        raise PromptError(f"no prompt {stem!r}: {path} does not exist (have: {', '.join(have)})")
+        raise PromptNotFound(f"no prompt {stem!r}: {path} does not exist (have: {', '.join(have)})")
     return path.read_text(encoding="utf-8")
 
 

@@ -543,7 +543,7 @@ def _slug(name: str, limit: int = 32) -> str:
 
 
 def new_run_id(task_name: str, now: datetime | None = None) -> str:
-    """`20261129-0915-softmax-3fa2`: UTC minute, task slug, 4 random hex digits (sortable by
+    """`20261129-091500-softmax-3fa2`: UTC second, task slug, 4 random hex digits (sortable by
     time; unique in practice; `RunRecord.create` refuses a folder that exists)."""
     when = (now or utc_now()).astimezone(timezone.utc)
-    return f"{when:%Y%m%d-%H%M}-{_slug(task_name)}-{secrets.token_hex(2)}"
+    return f"{when:%Y%m%d-%H%M%S}-{_slug(task_name)}-{secrets.token_hex(2)}"

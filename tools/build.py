@@ -152,7 +152,7 @@ def knob_defines(knobs: dict[str, KnobValue]) -> list[str]:
     return out
 
 
-def compile_flags(task: Task, knobs: dict[str, KnobValue]) -> list[str]:
+def compile_flags(task: Task, knobs: dict[str, KnobValue], extra: list[str] | None = None) -> list[str]:
     m = task.manifest
     if m.target == "cuda":
         arch = m.arch
@@ -164,17 +164,18 @@ def compile_flags(task: Task, knobs: dict[str, KnobValue]) -> list[str]:
             *m.flags,
             *m.cuda_flags,
             *knob_defines(knobs),
+            *(extra or []),
         ]
-    return ["-fPIC", *m.flags, *m.cxx_flags, *knob_defines(knobs)]
+    return ["-fPIC", *m.flags, *m.cxx_flags, *knob_defines(knobs), *(extra or [])]
 
 
-def build_key(task: Task, src_root: Path, knobs: dict[str, KnobValue]) -> str:
+def build_key(task: Task, src_root: Path, knobs: dict[str, KnobValue], extra: list[str] | None = None) -> str:
     h = hashlib.sha256()
     parts = {
         "scheme": BUILD_SCHEME,
         "target": task.target,
         "compiler": compiler_version(task.target),
-        "flags": compile_flags(task, knobs),
+        "flags": compile_flags(task, knobs, extra),
         "sources": task.manifest.sources,
     }
     h.update(json.dumps(parts, sort_keys=True).encode())
@@ -188,8 +189,8 @@ def build_key(task: Task, src_root: Path, knobs: dict[str, KnobValue]) -> str:
 
 # ---- the build itself -------------------------------------------------------------------------
 
-def _ninja_file(task: Task, knobs: dict[str, KnobValue], lib_name: str) -> str:
-    flags = " ".join(_quote(f) for f in compile_flags(task, knobs))
+def _ninja_file(task: Task, knobs: dict[str, KnobValue], lib_name: str, extra: list[str] | None) -> str:
+    flags = " ".join(_quote(f) for f in compile_flags(task, knobs, extra))
     lines = [
         "ninja_required_version = 1.5",
         f"flags = {flags}",
@@ -229,15 +230,17 @@ def build(
     src_root: Path | None = None,
     cache_dir: Path | None = None,
     timeout: float | None = None,
+    extra_flags: list[str] | None = None,
 ) -> BuildResult:
     """Build `task` with its sources taken from `src_root` (default: the task folder).
 
-    `knobs` are overrides on the task's current settings (validated against the manifest).
+    `knobs` are overrides on the task's current settings (validated against the manifest);
+    `extra_flags` are for kloop's own instruments (the gate benchmark's test hooks), not for users.
     """
     src_root = Path(src_root or task.root)
     knobs = task.resolve_knobs(knobs, folder=src_root)
     missing = [s for s in task.manifest.sources if not (src_root / s).is_file()]
-    key = build_key(task, src_root, knobs)
+    key = build_key(task, src_root, knobs, extra_flags)
     root = Path(cache_dir or cache_root())
     final = root / key
     lib_name = f"lib{task.name}.so"
@@ -261,7 +264,7 @@ def build(
     (work / "obj").mkdir()
     for src in task.manifest.sources:
         (work / "obj" / src).parent.mkdir(parents=True, exist_ok=True)
-    (work / "build.ninja").write_text(_ninja_file(task, knobs, lib_name))
+    (work / "build.ninja").write_text(_ninja_file(task, knobs, lib_name, extra_flags))
 
     compiler = compiler_version(task.target)
     if compiler == "missing":

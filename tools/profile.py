@@ -386,6 +386,17 @@ def gpu_unavailable_reason(env: Mapping[str, str] | None = None, timeout: float 
     return None
 
 
+def kernel_name_base_for(kernel_regex: str | None) -> str:
+    """What ncu matches --kernel-name against: 'mangled' when every alternative of the regex is a
+    mangled C++ name (`_Z...`), else 'function' (the name without parameters or templates).
+    extern "C" kernels have one name under both."""
+    if kernel_regex:
+        alts = [a.strip().lstrip("^") for a in kernel_regex.split("|")]
+        if alts and all(a.startswith("_Z") for a in alts):
+            return "mangled"
+    return "function"
+
+
 def ncu_command(
     ncu: str,
     cmd: Sequence[str],
@@ -393,13 +404,15 @@ def ncu_command(
     launch_count: int | None = DEFAULT_LAUNCH_COUNT,
     launch_skip: int = 0,
     metrics: Sequence[str] = METRICS,
+    kernel_name_base: str | None = None,
 ) -> list[str]:
     argv = [
         ncu, "--target-processes", "all", "--clock-control", "none", "--print-units", "base",
         "--csv", "--page", "raw", "--metrics", ",".join(metrics),
     ]  # fmt: skip
     if kernel_regex:
-        argv += ["--kernel-name", f"regex:{kernel_regex}"]
+        base = kernel_name_base or kernel_name_base_for(kernel_regex)
+        argv += ["--kernel-name-base", base, "--kernel-name", f"regex:{kernel_regex}"]
     if launch_skip:
         argv += ["--launch-skip", str(int(launch_skip))]
     if launch_count:
@@ -418,8 +431,12 @@ def profile_command(
     extra_metrics: Sequence[str] = (),
     cwd: str | os.PathLike | None = None,
     check_gpu: bool = True,
+    kernel_name_base: Literal["function", "demangled", "mangled"] | None = None,
 ) -> ProfileResult:
-    """Profile the kernels `cmd` launches (matching `kernel_regex`, a regex on the function name).
+    """Profile the kernels `cmd` launches that match `kernel_regex` (a Python-compatible regex).
+
+    The regex is matched against the function name (no parameters, e.g. 'softmax_kernel'), or
+    against mangled names when it is a '|'-list of `_Z...` names; `kernel_name_base` overrides.
 
     `env` is the whole environment of the run (default: this process's). At most `launch_count`
     launches are profiled, after skipping `launch_skip` matching ones. Never raises: a missing
@@ -442,7 +459,7 @@ def profile_command(
         if why:
             return ProfileResult.unavailable(why, command=cmd)
     metrics = list(METRICS) + [m for m in extra_metrics if m not in METRICS]
-    argv = ncu_command(ncu, cmd, kernel_regex, launch_count, launch_skip, metrics)
+    argv = ncu_command(ncu, cmd, kernel_regex, launch_count, launch_skip, metrics, kernel_name_base)
     try:
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
