@@ -211,6 +211,26 @@ def test_ncu_command_line():
     assert argv[-2:] == ["python", "run.py"]
     plain = P.ncu_command("ncu", ["a"], None, launch_count=None)
     assert "--kernel-name" not in plain and "-c" not in plain
+    assert argv[argv.index("--kernel-name-base") + 1] == "function"
+
+
+@pytest.mark.parametrize(
+    "regex,base",
+    [
+        ("softmax", "function"),
+        ("tr|cfun", "function"),
+        ("_Z2trPfS_", "mangled"),
+        ("_Z2trPfS_|_Z2axILi2EEvPfS0_", "mangled"),  # verified on an H200: matches tr and ax<2>
+        ("^_Z2trPfS_$", "mangled"),
+        ("_Z2trPfS_|cfun", "function"),  # mixed: extern "C" names are the same under both bases
+        (None, "function"),
+    ],
+)
+def test_kernel_name_base(regex, base):
+    assert P.kernel_name_base_for(regex) == base
+    if regex:
+        argv = P.ncu_command("ncu", ["a"], regex)
+        assert argv[argv.index("--kernel-name-base") + 1] == base
 
 
 # ---------------------------------------------------------------------------------------------

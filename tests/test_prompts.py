@@ -49,6 +49,8 @@ def test_prompts_dir_is_the_repo_folder():
 def test_unknown_or_bad_prompt_name():
     with pytest.raises(PromptError, match="no prompt 'nope'.*have:.*system"):
         load_prompt("nope")
+    with pytest.raises(FileNotFoundError):  # callers treating playbooks as optional catch this
+        load_prompt("nope")
     with pytest.raises(PromptError, match="bare name"):
         load_prompt("../pyproject")
 
