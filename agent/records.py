@@ -229,10 +229,15 @@ class Restored(_Event):
 class ToolCall(_Event):
     kind: Literal["tool_call"] = "tool_call"
     name: str
-    input: str = ""  # a short summary of the input, not the whole of it
+    input: Any = None  # as the policy sent it (the trajectory stays replayable)
     ok: bool = True
     duration_s: float = 0.0
     error: str | None = None
+    turn: int | None = None
+    id: str | None = None  # the tool_use id
+    event: str | None = None  # a state change the tool made (accepted, rejected, reverted)
+    data: dict[str, Any] | None = None
+    text: str = ""  # the start of what the model was shown
 
 
 class LlmTurn(_Event):
@@ -240,8 +245,34 @@ class LlmTurn(_Event):
     turn: int
     usage: dict[str, Any] = Field(default_factory=dict)
     cost_usd: float = 0.0
+    total_cost_usd: float | None = None
     stop_reason: str | None = None
     model: str | None = None
+    retries: int = 0
+    tool_calls: list[str] = Field(default_factory=list)
+    text: str = ""  # the start of the model's text
+
+
+class LlmRetry(_Event):
+    kind: Literal["llm_retry"] = "llm_retry"
+    turn: int
+    attempt: int
+    wait_s: float
+    error: str
+
+
+class ContextCleared(_Event):
+    kind: Literal["context_cleared"] = "context_cleared"
+    turn: int
+    context_tokens: int
+    cleared: int
+
+
+class PolicyStop(_Event):
+    kind: Literal["policy_stop"] = "policy_stop"
+    reason: str
+    turns: int = 0
+    cost_usd: float = 0.0
 
 
 class Note(_Event):
@@ -257,14 +288,16 @@ class SessionEnded(_Event):
 
 Event = Annotated[
     Union[
-        SessionStarted, Baseline, AttemptStarted, Verdict, Committed, Restored, ToolCall, LlmTurn, Note, SessionEnded
+        SessionStarted, Baseline, AttemptStarted, Verdict, Committed, Restored, ToolCall, LlmTurn, LlmRetry,
+        ContextCleared, PolicyStop, Note, SessionEnded,
     ],
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 EVENT_KINDS = {
     cls.model_fields["kind"].default: cls
-    for cls in (SessionStarted, Baseline, AttemptStarted, Verdict, Committed, Restored, ToolCall, LlmTurn, Note, SessionEnded)
+    for cls in (SessionStarted, Baseline, AttemptStarted, Verdict, Committed, Restored, ToolCall, LlmTurn, LlmRetry,
+                ContextCleared, PolicyStop, Note, SessionEnded)
 }
 
 

@@ -255,7 +255,7 @@ def test_list_runs(tmp_path: Path):
 def test_new_run_id():
     when = datetime(2026, 11, 29, 9, 15, tzinfo=timezone.utc)
     rid = new_run_id("Soft_Max v2!", now=when)
-    assert re.fullmatch(r"20261129-0915-soft-max-v2-[0-9a-f]{4}", rid)
+    assert re.fullmatch(r"20261129-091500-soft-max-v2-[0-9a-f]{4}", rid)
     ids = {new_run_id("softmax") for _ in range(50)}
     assert len(ids) > 45
     later = new_run_id("softmax", now=datetime(2026, 11, 29, 9, 16, tzinfo=timezone.utc))

@@ -39,7 +39,7 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
         req_path.write_text(req.model_dump_json())
         cmd = [*(prefix or []), sys.executable, "-m", "tools.worker", str(req_path), str(out_path)]
         proc = subprocess.Popen(cmd, cwd=tmp, env=scrubbed_env(), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_own_group_dies_with_parent)
         try:
             output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -60,6 +60,18 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
         if proc.returncode != 0 and result.ok:
             return WorkerResult(ok=False, error=f"worker {_status(proc.returncode)} after answering")
         return result
+
+
+def _own_group_dies_with_parent() -> None:
+    """In the child: its own process group (so a timeout kills all it forked), and killed when the
+    session that started it dies (kill -9 included), so no orphan keeps spinning on a core or GPU."""
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

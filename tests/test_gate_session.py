@@ -1,0 +1,256 @@
+"""The gate and the session on the CPU task: a real speedup lands as one commit with evidence;
+every kind of bad candidate is rejected with its reason, leaves no commit, and the tree returns
+to best; a session killed mid-gate resumes; replay reproduces the verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import git
+import pytest
+
+from agent.gate import GateConfig
+from agent.policies.base import Budget
+from agent.records import RunRecord
+from agent.replay import replay
+from agent.session import Session, attempts_from_events
+from agent.trailers import parse_trailers
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = ROOT / "kernels" / "matmul_cpu"
+GATE = GateConfig(max_seconds=3.0, min_pairs=12)
+
+pytestmark = pytest.mark.slow
+
+
+def make_repo(tmp: Path, timeout_s: int = 20) -> Path:
+    """A user's repository holding a copy of the CPU task (short worker timeout for the hang test)."""
+    repo = tmp / "userrepo"
+    shutil.copytree(TASK, repo / "kernels" / "matmul_cpu")
+    manifest = repo / "kernels" / "matmul_cpu" / "task.toml"
+    manifest.write_text(manifest.read_text().replace("timeout_s = 120", f"timeout_s = {timeout_s}"))
+    (repo / ".gitignore").write_text("runs/\n")
+    r = git.Repo.init(repo)
+    with r.config_writer() as cw:
+        cw.set_value("user", "name", "Test User")
+        cw.set_value("user", "email", "test@example.invalid")
+    r.git.add(A=True)
+    r.index.commit("task")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gate")
+    repo = make_repo(tmp)
+    s = Session.start(repo / "kernels" / "matmul_cpu", "test", Budget(), runs_root=tmp / "runs", gate_config=GATE)
+    s.establish_baseline()
+    yield s
+
+
+def kernel(session) -> Path:
+    return session.ws.task_path / "matmul.cpp"
+
+
+def edit(session, old: str, new: str) -> None:
+    path = kernel(session)
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+def assert_rejected(session, verdict, stage: str, words: str, head_before: str) -> None:
+    assert not verdict.accepted, verdict.summary()
+    assert verdict.stage == stage, verdict.summary()
+    assert words.lower() in verdict.reason.lower(), verdict.reason
+    assert session.ws.head() == head_before  # no commit
+    assert session.ws.changed_paths(against=session.best_commit) == []  # tree back at best
+    last = session.attempts()[-1]
+    assert last.accepted is False and last.reason == verdict.reason
+
+
+ENTRY = "extern \"C\" int kloop_matmul(const float* A, const float* B, float* C, int M, int N, int K) {\n  if (M < 0 || N < 0 || K < 0) return 1;"
+
+
+def test_wrong_result_rejected_naming_shape(session):
+    head = session.ws.head()
+    edit(session, "for (int k = 0; k < K; ++k) acc +=", "for (int k = 0; k + 1 < K; ++k) acc +=")
+    v = session.submit("Skip the last k", "wrong on purpose")
+    assert_rejected(session, v, "check", "wrong results", head)
+    assert "shape" in v.reason and "max abs err" in v.reason
+
+
+def test_out_of_scope_edit_rejected_with_paths(session):
+    head = session.ws.head()
+    spec = session.ws.task_path / "spec.py"
+    spec.write_text(spec.read_text() + "\n# tampered\n")
+    (session.ws.path / "README.md").write_text("outside the task\n")
+    v = session.submit("Touch the spec", "")
+    assert_rejected(session, v, "scope", "outside the editable files", head)
+    assert "kernels/matmul_cpu/spec.py" in v.out_of_scope and "README.md" in v.out_of_scope
+
+
+def test_forbidden_pattern_rejected(session):
+    head = session.ws.head()
+    edit(session, ENTRY, '#include <cstdio>\n' + ENTRY + '\n  if (FILE* f = fopen("/tmp/x", "r")) fclose(f);')
+    v = session.submit("Read a file", "")
+    assert_rejected(session, v, "static", "forbidden", head)
+    assert "matmul.cpp" in v.reason
+
+
+def test_compile_error_rejected_with_line(session):
+    head = session.ws.head()
+    edit(session, "float acc = 0.f;", "float acc = 0.f\n")
+    v = session.submit("Typo", "")
+    assert_rejected(session, v, "build", "build failed", head)
+    assert "matmul.cpp:" in v.reason
+
+
+def test_crash_rejected(session):
+    head = session.ws.head()
+    edit(session, ENTRY, ENTRY + "\n  if (M > 0) { volatile int* p = nullptr; *p = 1; }")
+    v = session.submit("Crash", "")
+    assert_rejected(session, v, "check", "crashed", head)
+    assert "SIGSEGV" in v.reason
+
+
+def test_hang_rejected_by_timeout(session):
+    head = session.ws.head()
+    edit(session, ENTRY, ENTRY + "\n  for (volatile int spin = 1; spin;) {}")
+    started = time.monotonic()
+    v = session.submit("Hang", "")
+    assert_rejected(session, v, "check", "timed out", head)
+    assert time.monotonic() - started < 60
+
+
+def test_input_mutated_rejected(session):
+    head = session.ws.head()
+    edit(session, "  return 0;\n}", "  if (M > 0 && K > 0) const_cast<float*>(A)[0] = 0.f;\n  return 0;\n}")
+    v = session.submit("Scribble on A", "")
+    assert_rejected(session, v, "check", "modified its inputs", head)
+
+
+def test_previous_output_rejected(session):
+    """Caches its first answer per output pointer and returns it again: the second call (same
+    buffers, new values) catches it."""
+    head = session.ws.head()
+    cache = (
+        "#include <map>\n#include <vector>\n"
+        "static std::map<const float*, std::vector<float>> kloop_cache;\n"
+    )
+    edit(session, "namespace {", cache + "namespace {")
+    edit(session, ENTRY, ENTRY + "\n  auto hit = kloop_cache.find(A);\n"
+         "  if (hit != kloop_cache.end() && hit->second.size() == (size_t)M * N) {\n"
+         "    for (size_t i = 0; i < hit->second.size(); ++i) C[i] = hit->second[i];\n    return 0;\n  }")
+    edit(session, "  return 0;\n}", "  kloop_cache[A].assign(C, C + (size_t)M * N);\n  return 0;\n}")
+    v = session.submit("Memoise by pointer", "")
+    assert_rejected(session, v, "check", "wrong results", head)
+    assert "call 1" in v.reason
+
+
+def test_no_change_rejected(session):
+    head = session.ws.head()
+    v = session.submit("Nothing", "")
+    assert_rejected(session, v, "scope", "nothing changed", head)
+
+
+def test_real_speedup_accepted_with_trailers(session):
+    head = session.ws.head()
+    v = session.submit("Loop order i-k-j", "B and C are walked along rows", knobs={"LOOP_ORDER": 1})
+    assert v.accepted, v.summary()
+    repo = git.Repo(session.ws.path)
+    commits = list(repo.iter_commits(f"{head}..{session.ws.branch}"))
+    assert len(commits) == 1 and commits[0].hexsha == session.best_commit == session.ws.head()
+    trailers = dict(parse_trailers(commits[0].message))
+    assert float(trailers["Kloop-Speedup"]) == pytest.approx(v.speedup, rel=1e-3)
+    lo, hi = (float(x) for x in trailers["Kloop-Speedup-CI95"].split(".."))
+    assert 1.01 < lo <= float(trailers["Kloop-Speedup"]) <= hi
+    assert trailers["Kloop-Attempt"] == str(session.attempts()[-1].number)
+    assert trailers["Kloop-Run"] == session.record.info.run_id
+    assert {"Kloop-Time-sq192", "Kloop-Time-wide", "Kloop-Device", "Kloop-Compiler"} <= set(trailers)
+    assert "LOOP_ORDER=1" in trailers["Kloop-Knobs"]
+    # the user's own checkout is untouched
+    user = git.Repo(session.ws.repo_root)
+    assert user.active_branch.name in ("master", "main") and not user.is_dirty(untracked_files=True)
+
+
+def test_record_holds_every_attempt_and_replay_agrees(session):
+    attempts = attempts_from_events(session.events())
+    assert [a.accepted for a in attempts].count(True) == 1
+    assert all(session.record.patch_path(a.number).is_file() for a in attempts)
+    report = replay(session.record.dir, gate_config=GATE)
+    by_no = {r.attempt: r for r in report.rows}
+    for a in attempts:
+        row = by_no[a.number]
+        assert row.recorded_accepted == a.accepted
+        assert row.agrees, (a.title, row.replayed_reason)
+    assert report.ok
+
+
+def test_commit_interrupted_after_accept_is_landed_on_resume(tmp_path):
+    repo = make_repo(tmp_path)
+    s = Session.start(repo / "kernels" / "matmul_cpu", "test", Budget(), runs_root=tmp_path / "runs", gate_config=GATE)
+    s.establish_baseline()
+    base = s.ws.head()
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt("killed between verdict and commit")
+
+    s.ws.commit = killed
+    with pytest.raises(KeyboardInterrupt):
+        s.submit("Loop order i-k-j", "", knobs={"LOOP_ORDER": 1})
+    assert s.ws.head() == base
+    resumed = Session.resume(s.record.dir)
+    assert resumed.ws.head() != base and resumed.best_commit == resumed.ws.head()
+    message = git.Repo(resumed.ws.path).head.commit.message
+    assert dict(parse_trailers(message))["Kloop-Attempt"] == "1"
+    assert [a.commit for a in resumed.attempts()] == [resumed.best_commit]
+
+
+KILL_SCRIPT = """
+import sys
+from pathlib import Path
+from agent.gate import GateConfig
+from agent.policies.base import Budget
+from agent.session import Session
+s = Session.start(Path(sys.argv[1]), "test", Budget(), runs_root=Path(sys.argv[2]), gate_config=GateConfig(max_seconds=3.0))
+s.establish_baseline()
+print(s.record.dir, flush=True)
+p = s.ws.task_path / "matmul.cpp"
+p.write_text(p.read_text().replace("return 0;\\n}", "for (volatile int spin = 1; spin;) {}\\n  return 0;\\n}"))
+s.submit("Hang in the gate", "")
+"""
+
+
+def test_session_killed_mid_gate_resumes(tmp_path):
+    repo = make_repo(tmp_path, timeout_s=60)
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(repo / "kernels" / "matmul_cpu"), str(tmp_path / "runs")],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    run_dir = Path(proc.stdout.readline().strip())
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until the gate is under way
+        events = RunRecord.open(run_dir).events()
+        if any(e.kind == "attempt_started" for e in events):
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    s = Session.resume(run_dir)
+    attempts = s.attempts()
+    assert len(attempts) == 1 and attempts[0].accepted is False and "interrupted" in attempts[0].reason
+    assert s.ws.head() == s.ws.base_commit
+    assert s.ws.changed_paths(against=s.best_commit) == []
+    v = s.submit("Loop order i-k-j", "", knobs={"LOOP_ORDER": 1})
+    assert v.accepted, v.summary()
+    assert [e.kind for e in s.events()].count("session_started") == 2
+    json.dumps([e.model_dump(mode="json") for e in s.events()])  # the record reads back whole
