@@ -291,6 +291,7 @@ class Session:
                 signal.signal(s, h)
             try:
                 self.ws.restore(self.best_commit)
+                self.ws.remove()  # the branch holds the result; `resume` recreates the worktree
             finally:
                 self.log("session_ended", reason=self.interrupted or reason)
         return self.interrupted or reason
