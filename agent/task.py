@@ -225,7 +225,7 @@ class Task:
             allowed = self.manifest.knobs[name].values
             value = _match_knob_value(raw, allowed)
             if value is None:
-                raise TaskError(f"{where}: knob {name}={raw!r} is not allowed (allowed values: {allowed})")
+                raise TaskError(f"{where}: knob {name}={raw} is not allowed (allowed values: {allowed})")
             knobs[name] = value
         return knobs
 
