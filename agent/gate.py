@@ -33,11 +33,11 @@ Stage = Literal["scope", "static", "build", "check", "timing", "accepted", "inte
 
 # Built-in static rules: things no kernel needs and every cheat of a known kind does.
 DEFAULT_FORBIDDEN = [
-    (r"\bcudaStreamCreate\w*|\bcudaLaunchHostFunc\b|\bcudaStreamAddCallback\b",
+    (r"\bcudaStreamCreate\w*|\bcudaStreamPerThread\b|\bcudaLaunchHostFunc\b|\bcudaStreamAddCallback\b",
      "work must run on the stream the harness passes in: other streams escape the timing"),
     (r"\b(dlopen|dlsym|popen|system|fork|execv|execl|execvp|syscall)\s*\(",
      "a kernel library must not load other code or start processes"),
-    (r"\b(fopen|ifstream|ofstream|mmap|openat)\b|std::filesystem|/proc/",
+    (r"\b(fopen|ifstream|ofstream|mmap|openat|open|creat)\s*\(|\b(ifstream|ofstream)\b|std::filesystem|/proc/",
      "a kernel library must not read or write files (the harness's files included)"),
     (r"__attribute__\s*\(\(\s*constructor|\.incbin\b",
      "no code at load time and no embedded files"),

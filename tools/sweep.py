@@ -10,7 +10,7 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, Field
 
@@ -47,8 +47,11 @@ def weighted_geomean(task: Task, times: dict[str, float]) -> float | None:
 
 
 def sweep(task: Task, configs: list[dict[str, Any]], src_root: Path | None = None, trusted_dir: Path | None = None,
-          seconds_per_shape: float = 0.3, shapes: list[str] | None = None, jobs: int | None = None) -> list[SweepRow]:
-    """Rank `configs` (knob overrides): parallel builds, then sequential timings, fastest first."""
+          seconds_per_shape: float = 0.3, shapes: list[str] | None = None, jobs: int | None = None,
+          on_row: Callable[[int, int, SweepRow], None] | None = None) -> list[SweepRow]:
+    """Rank `configs` (knob overrides): parallel builds, then sequential timings, fastest first.
+
+    `on_row(i, n, row)` is called as each setting is timed (progress displays)."""
     jobs = jobs or max(1, (os.cpu_count() or 2))
 
     def build_one(knobs):
@@ -61,26 +64,32 @@ def sweep(task: Task, configs: list[dict[str, Any]], src_root: Path | None = Non
         built = list(pool.map(build_one, configs))
     rows = []
     for knobs, result, error in built:
-        full = result.knobs if result else knobs
-        if result is None or not result.ok:
-            rows.append(SweepRow(knobs=full, ok=False, error=error or (result.error_text()[:500] if result else "")))
-            continue
-        res = run_bench(task, result.lib, shapes=shapes, comparators=False, seconds_per_shape=seconds_per_shape,
-                        trusted_dir=trusted_dir)
-        row = SweepRow(knobs=full, ok=res.ok and res.bench is not None,
-                       registers={k.name: k.registers for k in result.kernels},
-                       spills=sum(k.spill_store_bytes + k.spill_load_bytes for k in result.kernels),
-                       device=res.device.label() if res.device else None)
-        if res.bench:
-            errors = [f"{s.shape}: {s.error}" for s in res.bench.shapes if s.error]
-            row.times = {s.shape: s.kernel.median for s in res.bench.shapes if s.kernel}
-            row.score = weighted_geomean(task, row.times)
-            if errors:
-                row.ok, row.error = False, "; ".join(errors)[:500]
-        else:
-            row.error = res.error
-        rows.append(row)
+        rows.append(_time_one(task, knobs, result, error, trusted_dir, shapes, seconds_per_shape))
+        if on_row:
+            on_row(len(rows), len(built), rows[-1])
     return sorted(rows, key=lambda r: (not r.ok, r.score if r.score is not None else math.inf))
+
+
+def _time_one(task: Task, knobs, result, error, trusted_dir, shapes, seconds_per_shape) -> SweepRow:
+    """Time one built setting in a fresh worker."""
+    full = result.knobs if result else knobs
+    if result is None or not result.ok:
+        return SweepRow(knobs=full, ok=False, error=error or (result.error_text()[:500] if result else ""))
+    res = run_bench(task, result.lib, shapes=shapes, comparators=False, seconds_per_shape=seconds_per_shape,
+                    trusted_dir=trusted_dir)
+    row = SweepRow(knobs=full, ok=res.ok and res.bench is not None,
+                   registers={k.name: k.registers for k in result.kernels},
+                   spills=sum(k.spill_store_bytes + k.spill_load_bytes for k in result.kernels),
+                   device=res.device.label() if res.device else None)
+    if res.bench:
+        errors = [f"{s.shape}: {s.error}" for s in res.bench.shapes if s.error]
+        row.times = {s.shape: s.kernel.median for s in res.bench.shapes if s.kernel}
+        row.score = weighted_geomean(task, row.times)
+        if errors:
+            row.ok, row.error = False, "; ".join(errors)[:500]
+    else:
+        row.error = res.error
+    return row
 
 
 def format_sweep(rows: list[SweepRow], baseline: dict[str, KnobValue] | None = None) -> str:

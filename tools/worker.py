@@ -64,7 +64,9 @@ def main(argv: list[str]) -> int:
         return 2
     req_path, out_path = Path(argv[1]), Path(argv[2])
     try:
-        result = serve(WorkerRequest.model_validate_json(req_path.read_text()))
+        req = WorkerRequest.model_validate_json(req_path.read_text())
+        req_path.unlink()  # the request holds the gate's seed: gone before any untrusted code loads
+        result = serve(req)
     except Exception as exc:
         tb = traceback.format_exc(limit=4)
         result = WorkerResult(ok=False, error=f"{type(exc).__name__}: {exc}\n{tb[-1500:]}")

@@ -43,7 +43,12 @@ class TunerPolicy:
 
     def _sweep(self, ctx, configs: list[dict[str, KnobValue]]) -> list[SweepRow]:
         return sweep(ctx.gate.task, configs, src_root=ctx.ws.task_path, trusted_dir=ctx.gate.trusted_dir,
-                     seconds_per_shape=self.seconds)
+                     seconds_per_shape=self.seconds, on_row=self._progress if len(configs) > 1 else None)
+
+    def _progress(self, i: int, n: int, row: SweepRow) -> None:
+        knobs = " ".join(f"{k}={v}" for k, v in row.knobs.items())
+        what = f"{row.score * 1e3:.4f} ms" if row.ok and row.score else f"[red]failed[/] {(row.error or '')[:80]}"
+        self.console.print(f"  [dim]sweep {i}/{n}[/] {knobs}: {what}", highlight=False)
 
     def _sample(self, ctx) -> list[SweepRow]:
         import optuna

@@ -1,0 +1,39 @@
+"""The tuner, through the same gate: on the CPU task it finds the best knob setting and commits it."""
+
+from __future__ import annotations
+
+import git
+import pytest
+from rich.console import Console
+
+from agent.gate import GateConfig
+from agent.policies.base import Budget
+from agent.policies.tuner import TunerPolicy
+from agent.session import Session
+from agent.trailers import parse_trailers
+from tests.test_gate_session import make_repo
+from tools.sweep import knob_grid
+
+pytestmark = pytest.mark.slow
+
+
+def test_tuner_finds_and_commits_the_best_knob_setting(tmp_path):
+    repo = make_repo(tmp_path)
+    session = Session.start(repo / "kernels" / "matmul_cpu", "tuner", Budget(max_attempts=4), runs_root=tmp_path / "runs",
+                            gate_config=GateConfig(max_seconds=3.0, min_pairs=12))
+    tuner = TunerPolicy(console=Console(file=open(tmp_path / "tuner.log", "w")))
+    reason = session.run(tuner)
+    assert reason in ("search exhausted", "max_attempts") or "rejections" in reason
+    ranking = [e for e in session.events() if e.kind == "note" and e.text == "tuner ranking"][0].data["rows"]
+    assert len(ranking) == len(knob_grid(session.gate.task)) == 6
+    accepted = [a for a in session.attempts() if a.accepted]
+    assert accepted, [a.reason for a in session.attempts()]
+    # the landed setting is the i-k-j loop order: the large effect on any CPU (column walks of B are cache-hostile)
+    repo_git = git.Repo(repo)
+    tip = repo_git.commit(session.record.info.branch)
+    knobs = dict(parse_trailers(tip.message))["Kloop-Knobs"]
+    assert "LOOP_ORDER=1" in knobs
+    assert (tip.tree / "kernels" / "matmul_cpu" / "knobs.toml").data_stream.read().decode().count("LOOP_ORDER = 1") == 1
+    # every accepted setting was ranked faster than the one it replaced, and nothing else landed
+    commits = list(repo_git.iter_commits(f"{session.record.info.base_commit}..{session.record.info.branch}"))
+    assert len(commits) == len(accepted)
