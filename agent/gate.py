@@ -37,6 +37,8 @@ DEFAULT_FORBIDDEN = [
      "work must run on the stream the harness passes in: other streams escape the timing"),
     (r"\b(dlopen|dlsym|popen|system|fork|execv|execl|execvp|syscall)\s*\(",
      "a kernel library must not load other code or start processes"),
+    (r"\bstd::(thread|jthread|async)\b|\bpthread_create\b|\bcuStreamCreate\w*|\bcuLaunch\w*",
+     "no background threads or driver-API streams: work outside the call (or beside the other build) skews the timing"),
     (r"\b(fopen|ifstream|ofstream|mmap|openat|open|creat)\s*\(|\b(ifstream|ofstream)\b|std::filesystem|/proc/",
      "a kernel library must not read or write files (the harness's files included)"),
     (r"__attribute__\s*\(\(\s*constructor|\.incbin\b",
@@ -232,7 +234,7 @@ class Gate:
                            reason="outputs of timed calls are wrong: " + "; ".join(f"{s.shape}: {s.timed_outputs_problem}" for s in wrong))
         escaped = [s for s in ab.shapes if self._escaped(s)]
         if escaped:
-            return Verdict(accepted=False, stage="timing", **common, reason="device work outside the timed stream: " + "; ".join(
+            return Verdict(accepted=False, stage="timing", **common, reason="work outside the timed stream (other streams, or host time per call): " + "; ".join(
                 f"{s.shape}: events {s.time_b * 1e6:.1f} us but {s.wall_b * 1e6:.1f} us until the device is idle "
                 f"(best: {s.time_a * 1e6:.1f} / {s.wall_a * 1e6:.1f} us)" for s in escaped))
         regressed = [s for s in ab.shapes if s.speedup < 1 - self.task.allowance(self.task.shape(s.shape))]

@@ -259,9 +259,13 @@ class Session:
         return system_prompt(self)
 
     def briefing(self) -> str:
+        """The task briefing; a resumed session also says where things stand (notes, attempts)."""
         from agent.briefing import briefing
 
-        return briefing(self)
+        text = briefing(self)
+        if self.attempts_made() or self.notes_path.is_file():
+            text += "\n\n## Where things stand (this session was resumed)\n\n" + self.memory()
+        return text
 
     def memory(self) -> str:
         from agent.briefing import memory

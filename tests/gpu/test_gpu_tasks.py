@@ -54,3 +54,27 @@ def test_gate_on_gpu_accepts_a_real_gain_and_rejects_a_copy(tmp_path):
     assert faster.accepted, faster.summary()
     assert faster.speedup_lo > 1.01
     print(faster.summary())
+
+
+def test_gate_on_gpu_rejects_work_escaping_to_another_stream(tmp_path):
+    """A softmax that launches on its own non-blocking stream looks almost free to events on the
+    harness's stream; the gate's time-until-idle comparison catches it (static rules bypassed here)."""
+    import shutil
+
+    trusted = KERNELS / "softmax"
+    gate = Gate(trusted, "kernels/softmax", GateConfig(max_seconds=3.0))
+    best = build(gate.task)
+    cand = tmp_path / "softmax"
+    shutil.copytree(trusted, cand)
+    src = cand / "softmax.cu"
+    text = src.read_text()
+    launch = "softmax_rows<<<dim3(static_cast<unsigned>(rows)), dim3(THREADS), 0, stream>>>(x, y, cols);"
+    assert launch in text
+    src.write_text(text.replace(launch, "static cudaStream_t side = nullptr;\n"
+                                "    if (!side) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);\n"
+                                + launch.replace(", stream>>>", ", side>>>")))
+    built = build(gate.task, src_root=cand)
+    assert built.ok, built.error_text()
+    v = gate.decide(built, best, check=None, check_seed=0)
+    assert not v.accepted and "outside the timed stream" in v.reason, v.summary()
+    print(v.summary())
