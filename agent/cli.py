@@ -183,8 +183,13 @@ def make_policy(agent: str, model: Optional[str], seed: Optional[int]):
 
         return TunerPolicy(seed=seed, console=err_console)
     if agent == "claude":
+        import os
+
         from agent.policies.claude import ClaudePolicy
 
+        if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+            fail("--agent claude needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the environment; "
+                 "without one, use --agent tuner")
         return ClaudePolicy(model=model) if model else ClaudePolicy()
     fail(f"--agent {agent!r}: expected claude or tuner")
 
