@@ -19,7 +19,7 @@ import torch
 
 from agent.task import Task
 from tools.bench import make_sets
-from tools.check import compare, poison
+from tools.check import compare, poison, refill
 from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
 from tools.stats import Estimate, combine, t_quantile_975, trimmed_estimate
@@ -148,12 +148,13 @@ def ab_in_process(task: Task, spec: Spec, lib_a: ctypes.CDLL, lib_b: ctypes.CDLL
 
 def refresh(spec: Spec, st: _Shape, gen: torch.Generator) -> None:
     """New input values in the same buffers and poisoned outputs, outside the timed region."""
-    device = next(iter(st.sets[0][0].values())).device
-    for inputs, outs_a in st.sets:
+    device = next(t for t in st.sets[0][0].values() if isinstance(t, torch.Tensor)).device
+    for i, (inputs, outs_a) in enumerate(st.sets):
         fresh = spec.make_inputs(st.dims, gen, device)
-        for k, t in fresh.items():
-            inputs[k].copy_(t)
-        poison(outs_a)
+        if not refill(inputs, fresh):  # the spec drew other shapes this time: new buffers for both
+            st.sets[i] = (fresh, spec.make_outputs(st.dims, fresh))
+            st.outs_b[i] = spec.make_outputs(st.dims, fresh)
+        poison(st.sets[i][1])
     for outs in st.outs_b:
         poison(outs)
     st.called_b.clear()

@@ -31,6 +31,26 @@ def poison(outputs: dict[str, torch.Tensor]) -> None:
             t.fill_(max(INT_POISON, torch.iinfo(t.dtype).min))
 
 
+def refill(inputs: dict, fresh: dict) -> bool:
+    """Write `fresh` values into the existing input buffers (same addresses, new values).
+
+    Returns False, changing nothing, when the spec drew tensors of another shape or dtype this time
+    (then the caller must use `fresh` itself)."""
+    compatible = all(
+        k in inputs and (not isinstance(t, torch.Tensor) or (isinstance(inputs[k], torch.Tensor)
+                         and inputs[k].shape == t.shape and inputs[k].dtype == t.dtype))
+        for k, t in fresh.items()
+    ) and set(inputs) == set(fresh)
+    if not compatible:
+        return False
+    for k, t in fresh.items():
+        if isinstance(t, torch.Tensor):
+            inputs[k].copy_(t)
+        else:
+            inputs[k] = t
+    return True
+
+
 def snapshot(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
 
@@ -112,13 +132,10 @@ def check_in_process(task: Task, spec: Spec, lib: ctypes.CDLL, shapes: list[str]
         for rnd in range(rounds):
             try:
                 fresh = spec.make_inputs(dims, gen, device)
-                if inputs is None:
+                if inputs is None or not refill(inputs, fresh):  # later rounds: new values, same addresses
                     inputs = fresh
                     outputs = spec.make_outputs(dims, inputs)
-                else:  # new values, same addresses
-                    for k, t in fresh.items():
-                        inputs[k].copy_(t)
-                    del fresh
+                del fresh
                 poison(outputs)
                 before = snapshot(inputs)
                 _sync(device)
