@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
-import shutil
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -14,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agent.task import load_task  # noqa: E402
+from tests.kernel_builds import build_variants, one_knob_at_a_time, spills  # noqa: E402
 from tools.spec import load_spec  # noqa: E402
 
 TASK_DIR = Path(__file__).resolve().parents[1] / "kernels" / "flash_attn_fwd"
@@ -99,38 +96,20 @@ def test_flops_and_bytes(spec):
 
 # ---- compile: default knobs and each other knob value, both head dims (the .cu instantiates both)
 
-def _knob_variants(task):
-    defaults = task.knob_defaults()
-    variants = [dict(defaults)]
-    for name, knob in task.manifest.knobs.items():
-        for value in knob.values:
-            if value != knob.default:
-                variants.append({**defaults, name: value})
-    return variants
-
-
-def _compile(task, knobs, out_dir: Path):
-    tag = "_".join(f"{k}{v}" for k, v in sorted(knobs.items()))
-    cmd = ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", *task.manifest.flags, "-Xptxas", "-v",
-           "-shared", "-Xcompiler", "-fPIC", *(f"-D{k}={v}" for k, v in knobs.items()),
-           str(TASK_DIR / "flash_attn_fwd.cu"), "-o", str(out_dir / f"fa_{tag}.so")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    return knobs, proc.returncode, proc.stdout + proc.stderr
+@pytest.fixture(scope="module")
+def builds(task, tmp_path_factory):
+    return build_variants(task, one_knob_at_a_time(task), tmp_path_factory.mktemp("flash_attn_builds"))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_compiles_for_every_knob_value(task, tmp_path):
-    variants = _knob_variants(task)
-    assert len(variants) == 1 + sum(len(k.values) - 1 for k in task.manifest.knobs.values())
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda kn: _compile(task, kn, tmp_path), variants))
-    for knobs, rc, log in results:
-        assert rc == 0, f"nvcc failed for {knobs}:\n{log[-3000:]}"
-        kernels = re.findall(r"Compiling entry function '(\w+)'", log)
-        assert len(kernels) == 2, f"expected the head_dim 64 and 128 kernels for {knobs}, got {kernels}"
+def test_compiles_for_every_knob_value(task, builds):
+    assert len(builds) == 1 + sum(len(k.values) - 1 for k in task.manifest.knobs.values())
+    for label, r in builds.items():
+        assert r.ok, f"build failed for {label}:\n{r.error_text()}"
+        kernels = [k.name for k in r.kernels]
+        assert len(kernels) == 2, f"expected the head_dim 64 and 128 kernels for {label}, got {kernels}"
+        assert all(k.arch == "sm_90a" for k in r.kernels), (label, [k.arch for k in r.kernels])
     # the defaults must not spill
-    knobs, _, log = results[0]
-    assert knobs == task.knob_defaults()
-    spills = [(int(a), int(b)) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
-    assert len(spills) == 2 and all(s == (0, 0) for s in spills), f"spills at the default knobs:\n{log}"
+    default = builds["defaults"]
+    assert default.knobs == task.knob_defaults()
+    assert not spills(default), f"spills at the default knobs: {spills(default)}"

@@ -7,11 +7,6 @@ No GPU needed: the reference and the comparator run on the CPU, the kernel is on
 from __future__ import annotations
 
 import math
-import os
-import re
-import shutil
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agent.task import load_task  # noqa: E402
+from tests.kernel_builds import build_variants, one_knob_at_a_time, spills  # noqa: E402
 from tools.spec import load_spec  # noqa: E402
 
 TASK_DIR = Path(__file__).resolve().parents[1] / "kernels" / "paged_decode"
@@ -181,30 +177,19 @@ def test_bytes_and_flops(spec, task):
 
 # ---- the kernel compiles for sm_90a, defaults and every knob value, no spills at defaults -------
 
-NVCC = shutil.which("nvcc")
+@pytest.fixture(scope="module")
+def builds(task, tmp_path_factory):
+    return build_variants(task, one_knob_at_a_time(task), tmp_path_factory.mktemp("paged_decode_builds"))
 
 
-def _compile(task, knobs, out: Path) -> str:
-    cmd = [NVCC, "-gencode", "arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-shared", "-Xcompiler", "-fPIC",
-           *task.manifest.flags, *[f"-D{k}={v}" for k, v in sorted(knobs.items())],
-           str(TASK_DIR / "paged_decode.cu"), "-o", str(out)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, f"nvcc failed for {knobs}:\n{p.stdout}\n{p.stderr}"
-    return p.stdout + p.stderr
-
-
-@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
-def test_compiles_for_every_knob_value(task, tmp_path):
-    defaults = task.knob_defaults()
-    configs = [("default", defaults)]
-    for name, knob in task.manifest.knobs.items():
-        configs += [(f"{name}={v}", {**defaults, name: v}) for v in knob.values if v != knob.default]
-    with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
-        logs = dict(zip([c[0] for c in configs],
-                        ex.map(lambda c: _compile(task, c[1], tmp_path / f"lib{configs.index(c)}.so"), configs)))
-    log = logs["default"]
-    kernels = re.findall(r"Compiling entry function '(\w+)'", log)
-    assert len(kernels) == 3  # head_dim 64, 128, 256
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert spills and all(s == ("0", "0") for s in spills), log
-    assert "error" not in log.lower()
+def test_compiles_for_every_knob_value(task, builds):
+    assert len(builds) == 1 + sum(len(k.values) - 1 for k in task.manifest.knobs.values())
+    for label, r in builds.items():
+        assert r.ok, f"build failed for {label}:\n{r.error_text()}"
+        assert r.kernels and all(k.arch == "sm_90a" for k in r.kernels), (label, r.kernels)
+    r = builds["defaults"]
+    assert r.knobs == task.knob_defaults()
+    kernels = [k.name for k in r.kernels]
+    assert len(kernels) == 3 and all("paged_decode_kernel" in n for n in kernels), kernels  # head_dim 64, 128, 256
+    assert not spills(r), r.kernels
+    assert not r.errors and "error" not in r.log_tail.lower()

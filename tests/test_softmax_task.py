@@ -10,17 +10,13 @@
 from __future__ import annotations
 
 import ctypes
-import os
-import re
-import shutil
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
 from agent.task import load_task
+from tests.kernel_builds import build_variants, one_knob_at_a_time, spills
 from tools.check import compare
 from tools.spec import load_spec
 
@@ -169,77 +165,37 @@ def test_tolerance_separates_right_from_wrong(spec, task):
         assert caught, f"the tolerance passes a wrong answer on every check shape: {wrong.__name__}"
 
 
-# ---- compiling softmax.cu ------------------------------------------------------------------------
-
-def _configs(task) -> list[dict]:
-    """Defaults, then every other value of each knob with the rest at their defaults, then the test hook."""
-    defaults = task.knob_defaults()
-    configs = [dict(defaults)]
-    for name, knob in task.manifest.knobs.items():
-        for value in knob.values:
-            if value != knob.default:
-                configs.append({**defaults, name: value})
-    configs.append({**defaults, "KLOOP_TEST_DELAY_NS": 10000})
-    return configs
-
-
-def _label(config: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in config.items())
-
-
-def _compile(task, config: dict, out_dir: Path) -> subprocess.CompletedProcess:
-    arch = task.manifest.arch  # sm_90a
-    lib = out_dir / (re.sub(r"[^A-Za-z0-9]+", "_", _label(config)) + ".so")
-    cmd = [
-        "nvcc",
-        f"-gencode=arch=compute_{arch[3:]},code={arch}",
-        "-Xptxas", "-v",
-        "-shared", "-Xcompiler", "-fPIC",
-        *task.manifest.flags, *task.manifest.cuda_flags,
-        *[f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in config.items()],
-        str(task.root / "softmax.cu"),
-        "-o", str(lib),
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-
+# ---- compiling softmax.cu (through tools.build, as the gate does) -------------------------------
 
 @pytest.fixture(scope="module")
 def builds(task, tmp_path_factory):
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc is not on PATH")
-    out_dir = tmp_path_factory.mktemp("softmax_builds")
-    configs = _configs(task)
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        results = list(pool.map(lambda c: _compile(task, c, out_dir), configs))
-    return {_label(c): r for c, r in zip(configs, results)}
-
-
-_PROPS = re.compile(
-    r"Function properties for (\S+)\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
-)
+    """Defaults, every other value of each knob (one at a time), then the gate's test hook."""
+    configs = one_knob_at_a_time(task) + [{**task.knob_defaults(), "KLOOP_TEST_DELAY_NS": 10000}]
+    return build_variants(task, configs, tmp_path_factory.mktemp("softmax_builds"))
 
 
 def test_every_knob_value_compiles_without_spills(task, builds):
     assert len(builds) == 1 + sum(len(k.values) - 1 for k in task.manifest.knobs.values()) + 1
+    assert "defaults" in builds and "KLOOP_TEST_DELAY_NS=10000" in builds
     failures = []
     for label, r in builds.items():
-        log = r.stdout + r.stderr
-        if r.returncode != 0:
-            failures.append(f"{label}: nvcc exit {r.returncode}\n{log[-3000:]}")
+        if not r.ok:
+            failures.append(f"{label}: build failed\n{r.error_text()}")
             continue
-        props = {name: (int(stack), int(st), int(ld)) for name, stack, st, ld in _PROPS.findall(log)}
-        kernels = [n for n in props if "softmax_rows" in n]
-        if len(kernels) != 1:
-            failures.append(f"{label}: expected one softmax_rows kernel in the ptxas report, got {list(props)}")
-        for name, (_, st, ld) in props.items():
-            if st or ld:
-                failures.append(f"{label}: {name} spills {st} bytes stores / {ld} bytes loads")
-        if "KLOOP_TEST_DELAY_NS" in label and not any("kloop_test_delay" in n for n in props):
+        names = [k.name for k in r.kernels]
+        if len([n for n in names if "softmax_rows" in n]) != 1:
+            failures.append(f"{label}: expected one softmax_rows kernel in the ptxas report, got {names}")
+        for k in r.kernels:
+            if k.arch != "sm_90a":
+                failures.append(f"{label}: {k.name} built for {k.arch}, not sm_90a")
+        for name, (st, ld) in spills(r).items():
+            failures.append(f"{label}: {name} spills {st} bytes stores / {ld} bytes loads")
+        if "KLOOP_TEST_DELAY_NS" in label and not any("kloop_test_delay" in n for n in names):
             failures.append(f"{label}: the test-hook build has no kloop_test_delay kernel")
-        if "KLOOP_TEST_DELAY_NS" not in label and any("kloop_test_delay" in n for n in props):
+        if "KLOOP_TEST_DELAY_NS" not in label and any("kloop_test_delay" in n for n in names):
             failures.append(f"{label}: the test-hook kernel is built without KLOOP_TEST_DELAY_NS")
-        elif not hasattr(ctypes.CDLL(str(r.args[r.args.index("-o") + 1])), "kloop_softmax"):
+        elif not hasattr(ctypes.CDLL(r.lib), "kloop_softmax"):
             failures.append(f"{label}: the library does not export kloop_softmax")
-        if "warning" in log.lower():
-            failures.append(f"{label}: compiler warnings\n{log[-3000:]}")
+        if r.warnings or "warning" in r.log_tail.lower():
+            failures.append(f"{label}: compiler warnings\n" + "\n".join(r.warnings or [r.log_tail]))
     assert not failures, "\n".join(failures)
