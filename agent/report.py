@@ -93,7 +93,7 @@ def print_check(console: Console, report: EvalReport) -> None:
 
 def print_bench(console: Console, report: EvalReport) -> None:
     t = Table(title="timing (median per call; L2 flushed, inputs rotated)", title_justify="left")
-    for col in ("shape", "what", "median", "p10..p90", "TFLOP/s", "GB/s", "vs kernel", "samples"):
+    for col in ("shape", "what", "median", "p10..p90", "TFLOP/s", "GB/s", "speed vs kernel", "samples"):
         t.add_column(col, justify="left" if col in ("shape", "what") else "right")
     for s in report.bench.shapes:
         if s.error:
