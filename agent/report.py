@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agent.task import Task
-from tools.bench import _f, _t
+from tools.bench import fmt_rate, fmt_time
 from tools.build import format_build
 from tools.evaluate import EvalReport
 
@@ -103,7 +103,7 @@ def print_bench(console: Console, report: EvalReport) -> None:
         entries = ([("kernel", s.kernel)] if s.kernel else []) + list(s.comparators.items())
         for what, tm in entries:
             rel = f"{base / tm.median:.2f}x" if base and what != "kernel" else ""
-            t.add_row(s.shape, what, _t(tm.median), f"{_t(tm.p10)}..{_t(tm.p90)}", _f(tm.tflops), _f(tm.gbps), rel,
+            t.add_row(s.shape, what, fmt_time(tm.median), f"{fmt_time(tm.p10)}..{fmt_time(tm.p90)}", fmt_rate(tm.tflops), fmt_rate(tm.gbps), rel,
                       f"{tm.samples}x{tm.calls_per_sample}")
         for what, err in s.comparator_errors.items():
             t.add_row(s.shape, what, "unavailable", err[:60], "", "", "", "")

@@ -151,7 +151,7 @@ class Session:
         attempts = self.attempts()
         accepted = {a.number: a for a in attempts if a.accepted}
         # 1. commits on the branch must each carry an accepted attempt; anything else is cut off
-        commits = self.ws.commits_since_base() if hasattr(self.ws, "commits_since_base") else _commits_since(self.ws)
+        commits = _commits_since(self.ws)
         keep = self.ws.base_commit
         for sha, message in commits:
             number = dict(parse_trailers(message)).get("Kloop-Attempt")

@@ -107,15 +107,15 @@ def format_bench(report: BenchReport, where: str = "") -> str:
         entries = ([("kernel", s.kernel)] if s.kernel else []) + list(s.comparators.items())
         for what, t in entries:
             rows.append(
-                f"{s.shape:<18} {what:<14} {_t(t.median):>10} {_t(t.p10) + '..' + _t(t.p90):>21} "
-                f"{_f(t.tflops):>8} {_f(t.gbps):>8} {t.samples:>5}"
+                f"{s.shape:<18} {what:<14} {fmt_time(t.median):>10} {fmt_time(t.p10) + '..' + fmt_time(t.p90):>21} "
+                f"{fmt_rate(t.tflops):>8} {fmt_rate(t.gbps):>8} {t.samples:>5}"
             )
         for what, err in s.comparator_errors.items():
             rows.append(f"{s.shape:<18} {what:<14} unavailable: {err}")
     return "\n".join(rows)
 
 
-def _t(seconds: float) -> str:
+def fmt_time(seconds: float) -> str:
     if seconds >= 1e-1:
         return f"{seconds * 1e3:.1f} ms"
     if seconds >= 1e-3:
@@ -123,7 +123,7 @@ def _t(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
-def _f(x: float | None) -> str:
+def fmt_rate(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x:.1f}" if x >= 10 else f"{x:.3f}"

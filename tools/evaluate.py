@@ -95,15 +95,13 @@ def evaluate(task: Task, knobs: dict[str, KnobValue] | None = None, src_root: Pa
             report.check_error = "no CUDA GPU on this machine: built and analysed only"
             return report
     if check:
-        check_shapes = [s for s in (shapes or [s.name for s in task.check_shapes]) if task.shape(s).check or shapes]
-        res = run_check(task, built.lib, seed=seed, shapes=check_shapes)
+        res = run_check(task, built.lib, seed=seed, shapes=shapes)  # named shapes, else every check shape
         report.device = res.device
         report.check, report.check_error = res.check, res.error
         if not (res.ok and res.check and res.check.passed):
             return report
     if bench:
-        bench_shapes = [s for s in (shapes or [s.name for s in task.bench_shapes])]
-        res = run_bench(task, built.lib, shapes=bench_shapes, comparators=comparators, seconds_per_shape=bench_seconds)
+        res = run_bench(task, built.lib, shapes=shapes, comparators=comparators, seconds_per_shape=bench_seconds)
         report.device = report.device or res.device
         report.bench, report.bench_error = res.bench, res.error
     return report
