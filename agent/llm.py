@@ -1,26 +1,47 @@
-"""The Messages API client: one streamed turn, retried, cached and priced.
+"""The Messages API client: one streamed turn, checked, retried, cached and priced.
 
-`LLMClient.stream_turn` sends one request with the SDK's streaming helper and returns the final
-assistant message as a `Turn` (content blocks ready to send back, stop reason, `Usage`). Retries
-are ours, not the SDK's (`max_retries=0` there), so that every wait is observable (`on_retry`) and
-bounded in total: 408/409/429/5xx/529, overloaded or api errors sent inside the event stream,
-connection drops and timeouts, honouring `retry-after-ms` / `retry-after`.
+`LLMClient.stream_turn` sends one request through the SDK (its raw streaming response), reads
+the server-sent events itself and returns the assistant message as a `Turn` (content blocks ready
+to send back, stop reason, `Usage`). The server is not trusted: every response goes through one
+check (`LLMClient._turn`) so that whatever it sends, the turn is either usable or a failed attempt.
+
+- Events: unknown event types and non-SSE lines are skipped; an event out of place (a delta
+  before its block, anything before message_start), unreadable JSON, a stream that ends before
+  message_stop, a 200 that is not a message: the attempt failed (`malformed_response`), retried.
+- Blocks: text, thinking, redacted thinking, server tool calls and their results are sent back as
+  they came; blocks of unknown type are dropped, empty text blocks too (the API refuses them);
+  a repeated tool_use id is dropped; a tool input that is not an object is replaced by {} and its
+  call marked not to run (`Turn.rejected`). Each fix is said in `Turn.notes`.
+- Usage: message_delta counts are totals and replace those of message_start; missing counts are
+  0, impossible ones clamped (`read_usage`), so a cost is never negative.
+- Time: `timeout` bounds silence (connecting, reading, or bytes that never make a whole event),
+  `max_stream_s` one attempt, `max_total_wait` all waits between attempts, `max_retries` attempts.
+
+Retries are ours, not the SDK's (`max_retries=0` there), so that every wait is observable
+(`on_retry`) and bounded in total: 408/409/429/5xx/529, retryable errors sent inside the stream,
+malformed responses, connection drops and timeouts, honouring `retry-after-ms` / `retry-after`
+(seconds or an HTTP date). Authentication, permission, invalid requests, 404, 413: never retried.
+The reason of an `LLMError` starts with its kind: `authentication: 401 authentication_error: ...`.
 
 Prompt caching: explicit `cache_control` breakpoints on the last system block, the last tool, the
 task briefing (the first message) and the newest user message (so each turn reads the previous
 turn's prefix from the cache). That is the API's maximum of four.
 
 The API key is handed to the SDK and nowhere else: it is never an attribute of this module's
-objects, never in a repr, never in a log line or an error message.
+objects, never in a repr; `LLMClient.scrub` removes it from all that the server sends (a server
+may echo request headers) and from every reason, before anything is logged or shown.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from typing import Any, Callable, Iterable, Iterator
 
 import anthropic
 import httpx2
@@ -96,14 +117,31 @@ class Usage:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
-    @classmethod
-    def from_api(cls, u: Any) -> Usage:
-        written = u.cache_creation_input_tokens or 0
-        split = getattr(u, "cache_creation", None)  # the TTL breakdown, when the API sends it
-        written_1h = min(written, (split.ephemeral_1h_input_tokens or 0) if split is not None else 0)
-        return cls(
-            u.input_tokens or 0, u.output_tokens or 0, written - written_1h, written_1h, u.cache_read_input_tokens or 0
-        )
+
+def read_usage(u: Any) -> tuple[Usage, list[str]]:
+    """Token counts from the API's `usage` object, and what was wrong with it. A missing or null
+    count is 0; one that cannot be true (negative, not a number, past `MAX_USAGE_TOKENS`) is clamped
+    into [0, MAX_USAGE_TOKENS], so that a cost is never negative nor absurd."""
+    u = u if isinstance(u, dict) else {}
+    problems = [] if u.get("input_tokens") is not None and u.get("output_tokens") is not None else [
+        f"usage incomplete ({_short(u, 200) if u else 'missing'}): missing counts taken as 0"]
+
+    def count(d: Any, key: str) -> int:
+        v = d.get(key) if isinstance(d, dict) else None
+        if v is None:
+            return 0
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= MAX_USAGE_TOKENS
+        if ok:
+            return int(v)
+        clamped = MAX_USAGE_TOKENS if isinstance(v, (int, float)) and v > MAX_USAGE_TOKENS else 0
+        problems.append(f"usage {key}={_short(repr(v), 40)} cannot be true: counted as {clamped}")
+        return clamped
+
+    written = count(u, "cache_creation_input_tokens")
+    written_1h = min(written, count(u.get("cache_creation"), "ephemeral_1h_input_tokens"))  # the TTL split
+    usage = Usage(count(u, "input_tokens"), count(u, "output_tokens"), written - written_1h, written_1h,
+                  count(u, "cache_read_input_tokens"))
+    return usage, problems
 
 
 def cost_usd(model: str, usage: Usage) -> float:
@@ -119,7 +157,7 @@ def cost_usd(model: str, usage: Usage) -> float:
 
 @dataclass
 class Turn:
-    """One assistant message, as the API returned it."""
+    """One assistant message, as the API returned it, checked (see `LLMClient._turn`)."""
 
     content: list[dict[str, Any]]  # blocks as request params: append {"role": "assistant", "content": ...}
     stop_reason: str | None
@@ -127,6 +165,8 @@ class Turn:
     model: str
     id: str = ""
     retries: int = 0  # attempts that failed before this one
+    notes: list[str] = field(default_factory=list)  # what was odd about the response (worth a log line)
+    rejected: dict[str, str] = field(default_factory=dict)  # tool_use id -> why that call must not run
 
     @property
     def tool_uses(self) -> list[dict[str, Any]]:
@@ -138,23 +178,42 @@ class Turn:
 
 
 class LLMError(Exception):
-    """The request failed for good (not retryable, or retries spent). The message says why."""
+    """The request failed for good (not retryable, or retries spent). The message says why, first
+    its kind (`authentication: ...`, `rate_limit: ...`, `malformed_response: ...`)."""
 
 
-class _IncompleteStream(Exception):
-    pass
+class _Failed(Exception):
+    """One attempt failed: `kind` heads the reason, `retry` says whether another attempt may help,
+    `after` is the server's retry-after in seconds."""
+
+    def __init__(self, kind: str, detail: str, retry: bool = True, after: float | None = None) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind, self.retry, self.after = kind, retry, after
 
 
-# error types the API may send inside a 200 event stream that are worth another try
-_RETRYABLE_STREAM_ERRORS = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
-_RETRYABLE_STATUS = {408, 409, 429}
+def _malformed(detail: str) -> _Failed:
+    return _Failed("malformed_response", detail)
+
+
+# what an HTTP status, or the type of an `event: error` inside a 200 stream, is called in a reason
+_STATUS_KINDS = {400: "invalid_request", 401: "authentication", 403: "authentication", 404: "not_found",
+                 413: "request_too_large", 429: "rate_limit", 529: "overloaded"}
+_ERROR_KINDS = {"invalid_request_error": "invalid_request", "authentication_error": "authentication",
+                "permission_error": "authentication", "not_found_error": "not_found",
+                "request_too_large": "request_too_large", "billing_error": "billing", "rate_limit_error": "rate_limit",
+                "overloaded_error": "overloaded", "api_error": "server_error", "timeout_error": "timeout"}
+_FINAL_KINDS = {"invalid_request", "authentication", "not_found", "request_too_large", "billing"}
+_RETRYABLE_STATUS = {408, 409, 429}  # and every 5xx
+STOP_REASONS = {"end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal",
+                "model_context_window_exceeded"}
+# the SSE events a message is made of; any other event (ping, new kinds) is skipped
+_EVENTS = {"message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+           "message_stop", "error"}
+# delta type -> (the block field it extends, the delta field holding the piece)
+_DELTAS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "thinking"),
+           "signature_delta": ("signature", "signature"), "input_json_delta": ("input", "partial_json")}
 
 RetryHook = Callable[[int, float, str], None]  # (attempt number, seconds to wait, error)
-
-
-def _block_param(block: Any) -> dict[str, Any]:
-    """A response content block as it must be sent back (thinking blocks and signatures intact)."""
-    return block.to_dict(mode="json", exclude_none=True)
 
 
 class LLMClient:
@@ -166,14 +225,20 @@ class LLMClient:
         max_retries: int = 8,
         *,
         timeout: float = 600.0,
+        max_stream_s: float = 1800.0,
         backoff_base: float = 1.0,
         max_delay: float = 60.0,
         max_total_wait: float = 600.0,
         on_retry: RetryHook | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """`timeout`: seconds without progress (connecting, a byte, a whole stream event) before an
+        attempt fails; `max_stream_s`: seconds one response body may take in all (a server that
+        drips); `max_total_wait`: seconds of waiting between attempts, in all, before giving up."""
         self.model = model
         self.max_retries = max_retries
+        self.timeout = timeout
+        self.max_stream_s = max_stream_s
         self.backoff_base = backoff_base
         self.max_delay = max_delay
         self.max_total_wait = max_total_wait
@@ -186,6 +251,13 @@ class LLMClient:
         return f"LLMClient(model={self.model!r})"
 
     __str__ = __repr__
+
+    def scrub(self, value: Any) -> Any:
+        """`value` (a text, or JSON-like data) with the API key replaced by [redacted] wherever it
+        appears. Applied to everything the server sends before anyone sees it, and by the policy to
+        everything it logs."""
+        secrets = [s for s in (self._client.api_key, self._client.auth_token) if isinstance(s, str) and len(s) >= 8]
+        return _replace(value, secrets) if secrets else value
 
     # -- one turn --------------------------------------------------------------------------------
 
@@ -200,7 +272,8 @@ class LLMClient:
         on_retry: RetryHook | None = None,
         **extra: Any,
     ) -> Turn:
-        """Stream one assistant turn and return it whole. Raises `LLMError` once retries are spent."""
+        """Stream one assistant turn and return it whole. Whatever the server does, raises nothing
+        but `LLMError`, once trying again cannot help or the retries are spent."""
         system_blocks = [{"type": "text", "text": system}] if isinstance(system, str) else list(system)
         system_blocks = [b for b in system_blocks if b.get("text")]
         if cache:
@@ -210,30 +283,25 @@ class LLMClient:
             params["system"] = system_blocks
         if tools:
             params["tools"] = tools
+        if not (self._client.api_key or self._client.auth_token):
+            raise LLMError("authentication: no API key (set ANTHROPIC_API_KEY)")
         hook = on_retry or self.on_retry
         waited = 0.0
         attempt = 0
         while True:
             try:
-                with self._client.messages.stream(**params) as stream:
-                    message = stream.get_final_message()
-                if message.stop_reason is None:
-                    raise _IncompleteStream("the event stream ended before message_stop")
-                return Turn(
-                    content=[_block_param(b) for b in message.content],
-                    stop_reason=message.stop_reason,
-                    usage=Usage.from_api(message.usage),
-                    model=message.model or self.model,
-                    id=message.id or "",
-                    retries=attempt,
-                )
-            except Exception as exc:  # noqa: BLE001 - classified below; anything unknown is final
-                reason = self._describe(exc)
-                delay = self._retry_delay(exc, attempt)
-                if delay is None:
+                return self._attempt(params, attempt)
+            except Exception as exc:  # noqa: BLE001 - every failure ends as a retry or an LLMError
+                failed = self._failure(exc)
+                reason = self._shown(str(failed))
+                if not failed.retry:
                     raise LLMError(reason) from None
                 if attempt >= self.max_retries:
                     raise LLMError(f"{reason} (gave up after {attempt + 1} attempts)") from None
+                # exponential backoff with jitter, [0.5, 1) x base x 2^attempt, unless the server said
+                delay = failed.after
+                if delay is None:
+                    delay = min(self.max_delay, self.backoff_base * 2**attempt) * random.uniform(0.5, 1.0)
                 if waited + delay > self.max_total_wait:
                     raise LLMError(
                         f"{reason} (gave up: waiting {delay:.1f} s more would pass the "
@@ -245,60 +313,260 @@ class LLMClient:
                 self._sleep(delay)
                 waited += delay
 
-    # -- retries ---------------------------------------------------------------------------------
+    def _attempt(self, params: dict[str, Any], attempt: int) -> Turn:
+        """One request: the response read (an event stream, or a JSON message) and checked."""
+        with self._client.messages.with_streaming_response.create(**params, stream=True) as response:
+            body = self._body(response.http_response)
+            if "text/event-stream" in response.headers.get("content-type", ""):
+                message = _read_stream(_sse_events(body, self.timeout))
+            else:  # not what we asked for; take it if it is a message
+                message = _read_json(b"".join(body))
+        return self._turn(message, attempt)
 
-    def _retry_delay(self, exc: Exception, attempt: int) -> float | None:
-        """Seconds to wait before trying again, or None when trying again cannot help."""
+    def _body(self, response: httpx2.Response) -> Iterator[bytes]:
+        """The response body, failing the attempt past `max_stream_s` or `MAX_RESPONSE_BYTES`."""
+        start, size = time.monotonic(), 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if time.monotonic() - start > self.max_stream_s:
+                raise _Failed("timeout", f"the response took more than {self.max_stream_s:g} s")
+            if size > MAX_RESPONSE_BYTES:
+                raise _malformed(f"the response is larger than {MAX_RESPONSE_BYTES} bytes")
+            yield chunk
+
+    def _turn(self, message: dict[str, Any], retries: int) -> Turn:
+        """The one check of every response: blocks we send back must be valid requests, calls we
+        run must be well formed, the usage must be countable. What is fixed is said in `notes`."""
+        message = self.scrub(message)
+        content: list[dict[str, Any]] = []
+        notes: list[str] = []
+        rejected: dict[str, str] = {}
+        seen: set[str] = set()
+        blocks = message.get("content")
+        if not isinstance(blocks, list):
+            raise _malformed(f"content is {_short(blocks, 80)}, not a list of blocks")
+        for b in blocks:
+            kind = b.get("type") if isinstance(b, dict) else None
+            if not isinstance(kind, str):
+                raise _malformed(f"a content block without a type: {_short(b, 200)}")
+            if kind == "text":
+                if not isinstance(b.get("text"), str):
+                    raise _malformed(f"a text block without text: {_short(b, 200)}")
+                if not b["text"]:
+                    continue  # the API refuses empty text blocks in a request
+            elif kind == "tool_use":
+                uid, name = b.get("id"), b.get("name")
+                if not (isinstance(uid, str) and uid and isinstance(name, str) and name):
+                    raise _malformed(f"a tool_use block without an id or a name: {_short(b, 200)}")
+                if uid in seen:
+                    notes.append(f"dropped a second tool_use block with the id {_short(uid, 80)}")
+                    continue
+                seen.add(uid)
+                if not isinstance(b.get("input"), dict):  # the API only takes an object back
+                    rejected[uid] = (f"error: the input of {_short(name, 80)} must be a JSON object, not "
+                                     f"{_short(repr(b.get('input')), 80)}; the call was not run")
+                    b = {**b, "input": {}}
+            elif kind not in ("thinking", "redacted_thinking") and not kind.endswith(("_tool_use", "_tool_result")):
+                # not one the API wants back (thinking, server and MCP tool calls and their results)
+                notes.append(f"ignored a content block of unknown type {_short(repr(kind), 80)}")
+                continue
+            content.append(b)
+        stop = message.get("stop_reason")
+        if stop is not None and not isinstance(stop, str):
+            stop = _short(stop, 80)
+        if stop not in STOP_REASONS:
+            notes.append(f"unknown stop_reason {_short(repr(stop), 80)}")
+        usage, problems = read_usage(message.get("usage"))
+        model, mid = message.get("model"), message.get("id")
+        return Turn(
+            content=content, stop_reason=stop, usage=usage, retries=retries, notes=notes + problems, rejected=rejected,
+            model=model if isinstance(model, str) and model else self.model, id=mid if isinstance(mid, str) else "",
+        )
+
+    # -- failures --------------------------------------------------------------------------------
+
+    def _failure(self, exc: Exception) -> _Failed:
+        """What went wrong, and whether another attempt may help."""
+        if isinstance(exc, _Failed):
+            return exc
         if isinstance(exc, anthropic.APIStatusError):
-            headers = exc.response.headers
-            hint = headers.get("x-should-retry")
-            status = exc.status_code
-            if hint == "false":
-                return None
-            retryable = (
-                hint == "true"
-                or status in _RETRYABLE_STATUS
-                or status >= 500
-                or (status == 200 and exc.type in _RETRYABLE_STREAM_ERRORS)  # `event: error` mid-stream
-            )
-            if not retryable:
-                return None
-            after = _retry_after(headers)
-            if after is not None:
-                return after
-        elif not isinstance(exc, (anthropic.APIConnectionError, httpx2.TransportError, _IncompleteStream)):
-            return None
-        # exponential backoff with jitter: [0.5, 1) x base x 2^attempt, capped
-        return min(self.max_delay, self.backoff_base * 2**attempt) * random.uniform(0.5, 1.0)
+            status, headers = exc.status_code, exc.response.headers
+            kind = _STATUS_KINDS.get(status) or ("server_error" if status >= 500 else f"http_{status}")
+            retry = (status in _RETRYABLE_STATUS or status >= 500) and headers.get("x-should-retry") != "false"
+            what = exc.api_message or exc.body or exc.message
+            return _Failed(kind, f"{status} {exc.type or 'error'}: {what}", retry, _retry_after(headers))
+        if isinstance(exc, (anthropic.APITimeoutError, httpx2.TimeoutException)):
+            return _Failed("timeout", f"no answer within {self.timeout:g} s")
+        if isinstance(exc, (anthropic.APIConnectionError, httpx2.TransportError)):
+            return _Failed("connection", f"{exc.__cause__ or exc}")
+        if isinstance(exc, RecursionError):  # JSON nested too deep to read or scrub
+            return _malformed(f"data nested too deep ({exc})")
+        return _Failed("client_error", f"{type(exc).__name__}: {exc}", retry=False)  # ours; trying again won't help
 
-    def _describe(self, exc: Exception) -> str:
-        if isinstance(exc, anthropic.APIStatusError):
-            what = exc.api_message or str(exc)
-            text = f"{exc.status_code} {exc.type or 'error'}: {what}"
-        elif isinstance(exc, anthropic.APITimeoutError):
-            text = "request timed out"
-        elif isinstance(exc, anthropic.APIConnectionError):
-            cause = exc.__cause__
-            text = f"connection error: {cause or exc}"
-        else:
-            text = f"{type(exc).__name__}: {exc}"
-        return self._redact(text)
+    def _shown(self, text: str) -> str:
+        """A reason fit to show: no key in it (scrubbed before it is cut), one line, not too long."""
+        return _short(self.scrub(text), SHOWN_CHARS)
 
-    def _redact(self, text: str) -> str:
-        key = getattr(self._client, "api_key", None)
-        return text.replace(key, "[redacted]") if key and len(key) >= 8 else text
+
+MAX_RESPONSE_BYTES = 64 * 2**20  # the API's largest answer is far smaller
+MAX_USAGE_TOKENS = 10_000_000  # per count and turn: more than any context window and output
+SHOWN_CHARS = 600  # of a server's text in a reason or a note
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _short(value: Any, limit: int) -> str:
+    """One line of at most `limit` characters (and a count of the rest). Only for text already
+    scrubbed: a key cut in two would not be found any more."""
+    text = value if isinstance(value, str) else repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else f"{text[:limit]}... [{len(text) - limit} more characters]"
+
+
+def _replace(value: Any, secrets: list[str]) -> Any:
+    if isinstance(value, str):
+        for s in secrets:
+            value = value.replace(s, "[redacted]")
+        return value
+    if isinstance(value, dict):
+        return {_replace(k, secrets): _replace(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_replace(v, secrets) for v in value]
+    return value
+
+
+def _sse_events(chunks: Iterable[bytes], stall_s: float) -> Iterator[tuple[str | None, str]]:
+    """(event name, data) of each server-sent event; lines that are not SSE fields are skipped.
+    Fails the attempt when no whole event arrives for `stall_s` (a server that drips bytes)."""
+    name, data, pending = None, [], []
+    last = time.monotonic()
+    for chunk in chunks:
+        if time.monotonic() - last > stall_s:
+            raise _Failed("timeout", f"no whole event within {stall_s:g} s")
+        if b"\n" not in chunk:  # a long line in many chunks: join once, at its end
+            pending.append(chunk)
+            continue
+        *lines, rest = b"".join([*pending, chunk]).split(b"\n")
+        pending = [rest]
+        for raw in lines:
+            line = raw.rstrip(b"\r").decode("utf-8", "replace")
+            if not line:  # the end of an event
+                if name is not None or data:
+                    yield name, "\n".join(data)
+                    last = time.monotonic()
+                name, data = None, []
+                continue
+            key, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if key == "event":
+                name = value
+            elif key == "data":
+                data.append(value)
+
+
+def _read_stream(events: Iterable[tuple[str | None, str]]) -> dict[str, Any]:
+    """The message that a stream of events builds, as a dict. Unknown events are skipped; any
+    event out of place or unreadable fails the attempt (another may be whole)."""
+    message: dict[str, Any] | None = None
+    blocks: dict[int, dict[str, Any]] = {}
+    pieces: dict[tuple[int, str], list[str]] = {}  # joined at the end: MBs come in many deltas
+    usage: dict[str, Any] = {}
+    for name, data in events:
+        if name not in _EVENTS:
+            continue
+        try:
+            event = json.loads(data)
+        except ValueError:
+            if name == "error":
+                raise _Failed("stream_error", f"event: error: {data}") from None
+            raise _malformed(f"a {name} event that is not JSON: {data}") from None
+        try:
+            if name == "error":
+                error = _dict(event.get("error"))
+                kind = _ERROR_KINDS.get(error.get("type"), "stream_error")
+                detail = f"{error.get('type') or 'error'} in the event stream: {error.get('message') or event}"
+                raise _Failed(kind, detail, retry=kind not in _FINAL_KINDS)
+            if name == "message_start":
+                if message is not None:
+                    raise _malformed("a second message_start")
+                message = dict(event["message"])
+                usage = dict(_dict(message.get("usage")))
+                continue
+            if message is None:
+                raise _malformed(f"{name} before message_start")
+            if name == "message_stop":
+                break
+            if name == "content_block_start":
+                index, block = event["index"], dict(event["content_block"])
+                if type(index) is not int or index in blocks:
+                    raise _malformed(f"content_block_start with the index {index!r} (again?)")
+                blocks[index] = block
+            elif name == "content_block_delta":
+                index, delta = event["index"], event["delta"]
+                if index not in blocks:
+                    raise _malformed(f"content_block_delta for block {index!r} before its start")
+                if delta["type"] in _DELTAS:
+                    field_name, key = _DELTAS[delta["type"]]
+                    if field_name not in blocks[index] or not isinstance(delta[key], str):
+                        raise _malformed(f"a {delta['type']} for a {blocks[index].get('type')} block")
+                    pieces.setdefault((index, field_name), []).append(delta[key])
+                elif delta["type"] == "citations_delta":
+                    blocks[index]["citations"] = [*(blocks[index].get("citations") or []), delta["citation"]]
+            elif name == "message_delta":
+                delta = _dict(event.get("delta"))
+                message.update({k: delta[k] for k in ("stop_reason", "stop_sequence") if k in delta})
+                # counts here are totals so far: they replace those of message_start, never add up
+                usage.update({k: v for k, v in _dict(event.get("usage")).items() if v is not None})
+        except (LookupError, TypeError, AttributeError, ValueError) as exc:
+            raise _malformed(f"an unreadable {name} event ({type(exc).__name__}: {exc}): {data}") from None
+    else:
+        raise _malformed("the event stream ended before message_stop" if message else "no message in the response")
+    for (index, field_name), parts in pieces.items():
+        block, text = blocks[index], "".join(parts)
+        if field_name != "input":
+            block[field_name] = f"{block[field_name] or ''}{text}"
+        elif text.strip():
+            try:
+                block["input"] = json.loads(text)
+            except (ValueError, RecursionError):
+                block["input"] = text  # not JSON (cut off?): the turn check refuses to run it
+    return {**message, "content": [blocks[i] for i in sorted(blocks)], "usage": usage}
+
+
+def _read_json(body: bytes) -> dict[str, Any]:
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
+        raise _malformed(f"a 200 response that is neither an event stream nor JSON: {body!r}") from None
+    if isinstance(payload, dict) and payload.get("type") == "message":
+        return payload
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict):  # an error object with a 200
+        kind = _ERROR_KINDS.get(error.get("type"), "server_error")
+        raise _Failed(kind, f"{error.get('type')} in a 200 response: {error.get('message')}", kind not in _FINAL_KINDS)
+    raise _malformed(f"a 200 response that is not a message: {payload!r}")
 
 
 def _retry_after(headers: Any) -> float | None:
-    """`retry-after-ms` (milliseconds) or `retry-after` (seconds); HTTP dates are not honoured."""
+    """The wait the server asks for, in seconds: `retry-after-ms`, or `retry-after` in seconds or as
+    an HTTP date. None (our own backoff) when absent, negative or unreadable."""
     for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         value = headers.get(name)
         if value is None:
             continue
         try:
-            return max(0.0, float(value) / scale)
+            seconds = float(value) / scale
         except ValueError:
-            continue
+            try:
+                when = parsedate_to_datetime(value)
+                when = when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+                seconds = max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+            except (TypeError, ValueError, IndexError, OverflowError):
+                continue
+        if seconds >= 0:  # False for NaN
+            return seconds
     return None
 
 

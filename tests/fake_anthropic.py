@@ -6,16 +6,31 @@ Each request takes the next item of the script:
     Reply([...], delay=2.0)                  # wait before answering (client timeouts)
     Reply([...], drop_after=3)               # SSE: send 3 events, then cut the connection
     Reply([...], error_after=2, error_type="overloaded_error")   # SSE: an `event: error` mid-stream
+    Reply([...], drip=0.05, chunk=8)         # SSE: 8 bytes at a time, 50 ms apart (a slow server)
+    Reply([...], stall_after=4)              # SSE: 4 events, then silence, the connection held open
+    Reply([...], start_usage={...}, delta_usage={...})   # usage in message_start / message_delta
     Fault(529) / Fault(429, headers={"retry-after-ms": "200"}) / Fault(500)
     Drop()                                   # close the connection without answering
+    Hang()                                   # read the request, never answer, hold the connection
+    SSE([("message_start", {...}), "garbage\n", ...], drip=..., chunk=..., stall_after=...)
+                                             # any event stream: (name, data) pairs, data a dict
+                                             # (sent as JSON) or a str (sent as is); or raw lines
+    Raw(b"{not json", status=200, content_type="application/json")   # any body
+
+`events(Reply(...))` gives a reply's events as the API would send them, for an `SSE` item to
+send reordered, cut or garbled. Wherever the text `ECHO` ("{request_headers}") appears in what
+the server sends (an error message, a text block, a raw body), it is replaced by the request's
+headers, API key included, as JSON: a server that echoes what it was sent. `ECHO_AUTH`
+("{request_auth}") is replaced by the credential header alone (`Bearer <key>` or the x-api-key).
 
 A tool_use block may carry `partial_json="..."`: the raw input_json_delta text to stream instead
 of the JSON of its input (a reply cut off at max_tokens in the middle of a tool call).
 
 Every request is recorded (`server.requests`: path, lower-cased headers, parsed body). The server
-also checks what the real API would reject (tool_use ids answered by the next user message, more
-than four cache breakpoints, empty messages) and answers 400 like the API would. An exhausted
-script answers 400 as well, so a runaway loop ends instead of hanging.
+also checks what the real API would reject (tool_use ids answered by the next user message, ids
+repeated, inputs that are not objects, empty text blocks, more than four cache breakpoints, empty
+messages) and answers 400 like the API would. An exhausted script answers 400 as well, so a
+runaway loop ends instead of hanging.
 
 Use it as a context manager (`with FakeAnthropic(script) as api: api.base_url`) or through the
 `fake_api` fixture (import it into the test module).
@@ -29,9 +44,9 @@ import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Iterable
 
 import pytest
 
@@ -51,6 +66,8 @@ ERROR_TYPES = {
     500: "api_error",
     529: "overloaded_error",
 }
+ECHO = "{request_headers}"
+ECHO_AUTH = "{request_auth}"
 _ids = itertools.count(1)
 
 
@@ -79,6 +96,11 @@ class Reply:
     error_after: int | None = None  # SSE events sent before an `event: error`
     error_type: str = "overloaded_error"
     model: str = "claude-fake"
+    drip: float = 0.0  # SSE: seconds before each write
+    chunk: int | None = None  # SSE: bytes per write (None: one event per write)
+    stall_after: int | None = None  # SSE events sent before the server goes silent
+    start_usage: dict[str, Any] | None = None  # message_start's usage (default: usage, 1 output token)
+    delta_usage: dict[str, Any] | None = None  # message_delta's usage (default: the output tokens)
 
 
 @dataclass
@@ -93,6 +115,30 @@ class Fault:
 @dataclass
 class Drop:
     """Close the connection without sending a response."""
+
+
+@dataclass
+class Hang:
+    """Read the request and never answer (until the server stops)."""
+
+
+@dataclass
+class SSE:
+    """Send these events as a 200 event stream, as they are (see the module docstring)."""
+
+    events: Iterable[Any]
+    drip: float = 0.0
+    chunk: int | None = None
+    stall_after: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Raw:
+    body: bytes | str
+    status: int = 200
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -120,9 +166,15 @@ def request_problems(body: dict[str, Any]) -> list[str]:
         marks += count(content)
         if not content:
             problems.append(f"messages.{i}: empty content")
+        if any(b.get("type") == "text" and not b.get("text") for b in (content if isinstance(content, list) else [])):
+            problems.append(f"messages.{i}: text content blocks must be non-empty")
         if m.get("role") != "assistant" or not isinstance(content, list):
             continue
         ids = [b["id"] for b in content if b.get("type") == "tool_use"]
+        if len(set(ids)) != len(ids):
+            problems.append(f"messages.{i}: tool_use ids must be unique")
+        if any(not isinstance(b.get("input"), dict) for b in content if b.get("type") == "tool_use"):
+            problems.append(f"messages.{i}: tool_use input must be an object")
         if not ids or i == len(messages) - 1:
             continue
         nxt = messages[i + 1]
@@ -149,6 +201,7 @@ class FakeAnthropic:
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self.stopped = threading.Event()  # releases the handlers that hang
 
     # lifecycle
     def start(self) -> FakeAnthropic:
@@ -166,6 +219,7 @@ class FakeAnthropic:
         return self
 
     def stop(self) -> None:
+        self.stopped.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -222,6 +276,8 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = {"_raw": raw.decode("utf-8", "replace")}
         rec = Recorded(self.path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic())
+        auth = rec.headers.get("authorization") or rec.headers.get("x-api-key") or ""
+        self._echo = {ECHO: json.dumps(rec.headers), ECHO_AUTH: auth}
         fake = self.server_fake
         item = fake._next(rec)
         try:
@@ -233,27 +289,52 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._error(400, "; ".join(problems))
             if isinstance(item, Drop):
                 return self._drop()
+            if isinstance(item, Hang):
+                return self._hang()
             time.sleep(getattr(item, "delay", 0.0))
             if isinstance(item, Fault):
                 return self._error(item.status, item.message, item.headers, item.error_type)
+            if isinstance(item, Raw):
+                body_bytes = item.body.encode() if isinstance(item.body, str) else item.body
+                return self._send(item.status, body_bytes, {"content-type": item.content_type, **item.headers})
+            if isinstance(item, SSE):
+                return self._sse(map(_encode, item.events), item.drip, item.chunk, item.stall_after, item.headers)
+            if "{request_" in json.dumps(item.content):  # before the texts are split into deltas
+                item = replace(item, content=json.loads(self._fill(json.dumps(item.content).encode())))
             if body.get("stream"):
-                return self._sse(item, body)
+                pieces = [_encode(e) for e in events(item, body)]
+                if item.error_after is not None:
+                    error = {"type": "error", "error": {"type": item.error_type, "message": "fake"}}
+                    pieces = [*pieces[: item.error_after], _encode(("error", error))]
+                if item.drop_after is not None:
+                    pieces = [*pieces[: item.drop_after], None]  # None: cut the connection there
+                return self._sse(pieces, item.drip, item.chunk, item.stall_after)
             return self._json(200, _message(item, body))
         except (BrokenPipeError, ConnectionResetError):  # the client went away (its timeout)
             pass
 
     # responses
     def _json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
+        self._send(status, json.dumps(payload).encode(), {"content-type": "application/json", **(headers or {})})
+
+    def _send(self, status: int, data: bytes, headers: dict[str, str]) -> None:
+        data = self._fill(data)
         self.send_response(status)
-        self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))
         self.send_header("request-id", f"req_fake_{next(_ids)}")
         self.send_header("connection", "close")
-        for k, v in (headers or {}).items():
+        for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)
+
+    def _fill(self, data: bytes) -> bytes:
+        for marker, value in self._echo.items():
+            data = data.replace(marker.encode(), json.dumps(value)[1:-1].encode())  # fit inside a JSON string
+        return data
+
+    def _hang(self) -> None:
+        self.server_fake.stopped.wait(60)
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None, kind: str | None = None):
         kind = kind or ERROR_TYPES.get(status, "api_error")
@@ -266,22 +347,27 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         self.connection.close()
 
-    def _sse(self, item: Reply, body: dict[str, Any]) -> None:
+    def _sse(self, pieces: Iterable[bytes | None], drip: float, chunk: int | None, stall_after: int | None,
+             headers: dict[str, str] | None = None) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
         self.send_header("transfer-encoding", "chunked")
         self.send_header("request-id", f"req_fake_{next(_ids)}")
         self.send_header("connection", "close")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.end_headers()
-        for n, (name, data) in enumerate(_events(item, body)):
-            if item.drop_after is not None and n >= item.drop_after:
+        for n, piece in enumerate(pieces):
+            if piece is None:
                 return self._drop()  # no terminating chunk: the client sees a broken body
-            if item.error_after is not None and n >= item.error_after:
-                name, data = "error", {"type": "error", "error": {"type": item.error_type, "message": "fake"}}
-                self._chunk(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
-                break
-            self._chunk(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+            if stall_after is not None and n >= stall_after:
+                return self._hang()
+            piece = self._fill(piece)
+            step = chunk or len(piece) or 1
+            for k in range(0, len(piece), step):
+                time.sleep(drip)
+                self._chunk(piece[k : k + step])
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
@@ -311,10 +397,26 @@ def _message(item: Reply, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _events(item: Reply, body: dict[str, Any]):
+def _encode(event: Any) -> bytes:
+    """One SSE event: (name, data) with data a dict (as JSON) or a str (as is); or raw text/bytes."""
+    if isinstance(event, bytes):
+        return event
+    if isinstance(event, str):
+        return event.encode()
+    name, data = event
+    data = data if isinstance(data, str) else json.dumps(data)
+    return (f"event: {name}\n" if name is not None else "").encode() + f"data: {data}\n\n".encode()
+
+
+def events(item: Reply, body: dict[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """The SSE events of one reply, in the API's order."""
+    return list(_events(item, body or {}))
+
+
+def _events(item: Reply, body: dict[str, Any]):
     usage = _usage(item)
-    start = {**_message(item, body), "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    start_usage = {**usage, "output_tokens": 1} if item.start_usage is None else item.start_usage
+    start = {**_message(item, body), "content": [], "stop_reason": None, "usage": start_usage}
     yield "message_start", {"type": "message_start", "message": start}
     yield "ping", {"type": "ping"}
     for i, block in enumerate(item.content):
@@ -347,7 +449,8 @@ def _events(item: Reply, body: dict[str, Any]):
             yield "content_block_start", {"type": "content_block_start", "index": i, "content_block": block}
         yield "content_block_stop", {"type": "content_block_stop", "index": i}
     delta = {"type": "message_delta", "delta": {"stop_reason": item.stop_reason, "stop_sequence": None}}
-    yield "message_delta", {**delta, "usage": {"output_tokens": usage["output_tokens"]}}
+    delta_usage = {"output_tokens": usage["output_tokens"]} if item.delta_usage is None else item.delta_usage
+    yield "message_delta", {**delta, "usage": delta_usage}
     yield "message_stop", {"type": "message_stop"}
 
 

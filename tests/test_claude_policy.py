@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, h
 
 from agent.llm import PRICES, LLMClient, Usage, cost_usd, price_for, with_cache_breakpoints  # noqa: E402
 from agent.policies.base import Budget  # noqa: E402
+from agent.records import make_event  # noqa: E402
 from agent.policies.claude import CLEARED, NUDGE, ClaudePolicy  # noqa: E402
 from tests.fake_anthropic import Drop, Fault, Reply, fake_api, text, thinking, tool_use  # noqa: E402,F401
 from tools.base import Tool, ToolBox, ToolInput, ToolResult  # noqa: E402
@@ -96,6 +97,7 @@ class FakeCtx:
         return 0
 
     def log(self, kind: str, **data: Any) -> None:
+        make_event(kind, **data)  # what the run record would take: a known kind, known fields
         json.dumps(data)  # the run record is JSON: every event must serialise
         self.logs.append((kind, data))
 
@@ -352,7 +354,7 @@ def test_529_then_success(setup):
     assert policy().run(ctx) == "end_turn"
     assert len(api.requests) == 3
     (retry,) = ctx.events("llm_retry")
-    assert retry["attempt"] == 1 and "529 overloaded_error" in retry["error"]
+    assert retry["attempt"] == 1 and retry["error"].startswith("overloaded: 529 overloaded_error")
     assert ctx.events("llm_turn")[0]["retries"] == 1
 
 
@@ -378,14 +380,14 @@ def test_retry_wait_is_bounded(setup):
     start = time.monotonic()
     reason = policy(max_total_wait=5).run(ctx)
     assert time.monotonic() - start < 2
-    assert reason.startswith("api_error: 429 rate_limit_error") and "retry budget" in reason
+    assert reason.startswith("api_error: rate_limit: 429 rate_limit_error") and "retry budget" in reason
 
 
 def test_retries_are_limited(setup):
     api, ctx, calls, policy, _ = setup
     api.add(*[Fault(500) for _ in range(3)])
     reason = policy(max_retries=2).run(ctx)
-    assert reason.startswith("api_error: 500 api_error") and "after 3 attempts" in reason
+    assert reason.startswith("api_error: server_error: 500 api_error") and "after 3 attempts" in reason
     assert len(api.requests) == 3
 
 
@@ -393,7 +395,7 @@ def test_non_retryable_error_stops_without_traceback(setup):
     api, ctx, calls, policy, _ = setup
     api.add(Fault(400, message="messages.0: bad request"))
     reason = policy().run(ctx)
-    assert reason == "api_error: 400 invalid_request_error: messages.0: bad request"
+    assert reason == "api_error: invalid_request: 400 invalid_request_error: messages.0: bad request"
     assert "Traceback" not in reason and len(api.requests) == 1
 
 
@@ -460,7 +462,7 @@ def test_api_key_is_sent_but_never_logged_or_shown(setup):
     api.add(Reply([tool_use("echo", {"text": "x"})], stop_reason="tool_use"), Fault(401, message="invalid x-api-key"))
     p = policy()
     reason = p.run(ctx)
-    assert reason.startswith("api_error: 401 authentication_error")
+    assert reason.startswith("api_error: authentication: 401 authentication_error")
     assert all(sent_key(r.headers) == KEY for r in api.requests)
     shown = [json.dumps(ctx.logs), reason, repr(p), str(p), repr(p.client), str(p.client), repr(vars(p))]
     assert not any(KEY in s for s in shown)
