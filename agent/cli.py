@@ -200,6 +200,27 @@ def _default_agent() -> str:
     return "claude" if os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN") else "tuner"
 
 
+def _progress_line(event) -> None:
+    """One line per event worth watching while a session runs."""
+    kind = event.kind
+    if kind == "llm_turn":
+        line = f"[dim]turn {event.turn}[/] {event.stop_reason} ${event.cost_usd:.4f}" + (
+            f" (total ${event.total_cost_usd:.2f})" if event.total_cost_usd is not None else "")
+    elif kind == "tool_call":
+        line = f"  {'[green]' if event.ok else '[red]'}{event.name}[/] {event.duration_s:.1f} s"
+    elif kind == "attempt_started":
+        line = f"[bold]attempt {event.attempt}[/]: {event.title}"
+    elif kind == "verdict":
+        line = f"  {'[green]accepted[/]' if event.accepted else '[red]rejected[/]'}: {event.reason[:200]}"
+    elif kind == "baseline":
+        line = "baseline built, checked and timed"
+    elif kind == "llm_retry":
+        line = f"  [yellow]API retry {event.attempt} in {event.wait_s:.1f} s[/]: {event.error[:120]}"
+    else:
+        return
+    err_console.print(line, highlight=False)
+
+
 @app.command()
 def optimize(
     task: str = typer.Argument(..., help="Task folder (holding task.toml) or shipped task name."),
@@ -235,6 +256,7 @@ def optimize(
         from tools.agent_tools import session_toolbox
 
         session.toolbox = session_toolbox(session)
+    session.on_event = _progress_line
     info = session.record.info
     err_console.print(f"run [bold]{info.run_id}[/]: task {t.name}, policy {policy.name}, branch {info.branch}\n"
                       f"  worktree {info.worktree}\n  record   {session.record.dir}", highlight=False)
@@ -260,6 +282,7 @@ def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'.")
         from tools.agent_tools import session_toolbox
 
         session.toolbox = session_toolbox(session)
+    session.on_event = _progress_line
     try:
         reason = session.run(policy)
     except SessionError as exc:

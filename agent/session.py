@@ -94,8 +94,7 @@ class Session:
         self.toolbox = ToolBox(context=self)
         self.started = time.monotonic()
         self.interrupted: str | None = None
-        self.policy_cost_usd = 0.0
-        self.turns = 0
+        self.on_event = None  # called with each event after it is recorded (live progress display)
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
@@ -135,7 +134,9 @@ class Session:
 
     # ---- record --------------------------------------------------------------------------------
     def log(self, kind: str, **data: Any) -> None:
-        self.record.append(rec.make_event(kind, **data))
+        event = self.record.append(rec.make_event(kind, **data))
+        if self.on_event is not None:
+            self.on_event(event)
 
     def events(self) -> list:
         return self.record.events()

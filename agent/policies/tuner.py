@@ -94,9 +94,7 @@ class TunerPolicy:
             rationale = (f"The knob sweep ranked this setting {self._rel(best_score, row.score)} faster than the "
                          f"current best in quick timings ({row.device or 'this machine'}). Full setting: "
                          + " ".join(f"{k}={v}" for k, v in row.knobs.items()))
-            verdict = ctx.submit(title, rationale, knobs=row.knobs)
-            mark = "[green]accepted[/]" if verdict.accepted else "[red]rejected[/]"
-            self.console.print(f"{mark} {title}: {verdict.reason}", highlight=False)
+            verdict = ctx.submit(title, rationale, knobs=row.knobs)  # the session reports the verdict
             if verdict.accepted:
                 current, best_score, misses = dict(row.knobs), row.score, 0
             else:
