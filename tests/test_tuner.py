@@ -37,3 +37,19 @@ def test_tuner_finds_and_commits_the_best_knob_setting(tmp_path):
     # every accepted setting was ranked faster than the one it replaced, and nothing else landed
     commits = list(repo_git.iter_commits(f"{session.record.info.base_commit}..{session.record.info.branch}"))
     assert len(commits) == len(accepted)
+
+
+def test_large_knob_spaces_are_sampled_with_tpe(tmp_path, monkeypatch):
+    """Past EXHAUSTIVE_MAX settings the tuner samples (optuna TPE, ask/tell), starting from the current setting."""
+    import agent.policies.tuner as tuner_mod
+
+    monkeypatch.setattr(tuner_mod, "EXHAUSTIVE_MAX", 2)
+    repo = make_repo(tmp_path)
+    session = Session.start(repo / "kernels" / "matmul_cpu", "tuner", Budget(max_attempts=1), runs_root=tmp_path / "runs",
+                            gate_config=GateConfig(max_seconds=2.0, min_pairs=12))
+    session.establish_baseline()
+    tuner = TunerPolicy(trials=4, seed=0, console=Console(file=open(tmp_path / "tuner.log", "w")))
+    rows = tuner.rank(session)
+    assert 1 <= len(rows) <= 4 and all(r.ok for r in rows)
+    assert {"LOOP_ORDER": 0, "TILE": 0} in [r.knobs for r in rows]  # the enqueued starting point
+    assert rows == sorted(rows, key=lambda r: r.score)
