@@ -183,21 +183,23 @@ def make_policy(agent: str, model: Optional[str], seed: Optional[int]):
 
         return TunerPolicy(seed=seed, console=err_console)
     if agent == "claude":
-        import os
-
         from agent.policies.claude import ClaudePolicy
 
-        if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+        if not _has_api_key():
             fail("--agent claude needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the environment; "
                  "without one, use --agent tuner")
         return ClaudePolicy(model=model) if model else ClaudePolicy()
     fail(f"--agent {agent!r}: expected claude or tuner")
 
 
-def _default_agent() -> str:
+def _has_api_key() -> bool:
     import os
 
-    return "claude" if os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN") else "tuner"
+    return bool(os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN"))
+
+
+def _default_agent() -> str:
+    return "claude" if _has_api_key() else "tuner"
 
 
 def _progress_line(event) -> None:
