@@ -7,36 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.task import Task
-
-# Peak rates for the roofline: (value, where it comes from). Measured figures are from the device
-# machine of this project (../shared/device/README.md, 2026-11-29); the rest are datasheet leads.
-PEAKS = {
-    "H200": {"fp32": (67e12, "datasheet"), "bf16_tensor": (690e12, "measured: cuBLAS 8192^3 bf16 GEMM"),
-             "fp8_tensor": (1349e12, "measured: torch._scaled_mm 8192^3"), "fp64": (34e12, "datasheet"),
-             "bytes": (4.24e12, "measured: device copy, read + write")},
-    "H100": {"fp32": (67e12, "datasheet"), "bf16_tensor": (990e12, "datasheet"), "fp8_tensor": (1979e12, "datasheet"),
-             "fp64": (34e12, "datasheet"), "bytes": (3.35e12, "datasheet")},
-}
-
-
-def _device_key(device: dict | None) -> str | None:
-    name = (device or {}).get("name", "")
-    return next((k for k in PEAKS if k in name), None)
-
-
-def peak_rates(task: Task, session: Any = None) -> tuple[float | None, float | None]:
-    """(FLOP/s, bytes/s) for the task's compute unit on the session's device; None where unknown."""
-    device = (getattr(session, "baseline", {}) or {}).get("device") if session is not None else None
-    key = _device_key(device)
-    if key is None:
-        return None, None
-    peaks = PEAKS[key]
-    return peaks[task.manifest.compute_unit][0], peaks["bytes"][0]
-
+from tools.roofline import PEAKS, device_key, peak_rates
+from tools.task import Task
 
 def _peak_text(task: Task, device: dict | None) -> str:
-    key = _device_key(device)
+    key = device_key(device)
     if key is None:
         return "unknown for this device: judge by the comparators and by time"
     peaks = PEAKS[key]

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agent.task import Task, TaskError, find_tasks, load_task
+from tools.task import Task, TaskError, find_tasks, load_task
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kernel-loop: make GPU kernels faster, committing only proven gains.")

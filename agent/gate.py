@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from agent.task import KNOBS_FILE, MANIFEST, TaskError, load_task
+from tools.task import KNOBS_FILE, MANIFEST, TaskError, load_task
 from tools.build import BuildResult, build
 from tools.check import format_check
 from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from agent.task import Task
+from tools.task import Task
 from tools.bench import fmt_rate, fmt_time
 from tools.build import format_build
 from tools.evaluate import EvalReport

@@ -20,7 +20,7 @@ from typing import Any
 from agent import records as rec
 from agent.gate import Candidate, Gate, GateConfig, Verdict
 from agent.policies.base import Budget
-from agent.task import KNOBS_FILE, Task, load_task
+from tools.task import KNOBS_FILE, Task, load_task
 from agent.trailers import format_commit_message, parse_trailers, trailer_key
 from agent.workspace import Workspace
 from tools.base import ToolBox
@@ -272,6 +272,12 @@ class Session:
         from agent.briefing import memory
 
         return memory(self)
+
+    def ledger(self) -> str:
+        """One line per attempt so far (the history tool's answer)."""
+        from agent.briefing import ledger
+
+        return ledger(self)
 
     # ---- running -------------------------------------------------------------------------------
     def run(self, policy) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.task import Task
+from tools.task import Task
 from tools.build import BuildResult, build, compiler_version
 
 

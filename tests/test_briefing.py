@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from agent.briefing import briefing, briefing_fields, ledger, peak_rates
 from agent.policies.base import Budget
-from agent.task import load_task
+from tools.task import load_task
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 

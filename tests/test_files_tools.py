@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.task import load_task
+from tools.task import load_task
 from tools import files
 from tools.base import ToolBox
 from tools.files import file_tools

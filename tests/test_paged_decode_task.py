@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agent.task import load_task  # noqa: E402
+from tools.task import load_task  # noqa: E402
 from tests.kernel_builds import build_variants, one_knob_at_a_time, spills  # noqa: E402
 from tools.spec import load_spec  # noqa: E402
 

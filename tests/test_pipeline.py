@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.task import TaskError, load_task
+from tools.task import TaskError, load_task
 from tools.build import build, parse_compile_errors, parse_ptxas
 from tools.check import compare
 from tools.evaluate import evaluate, run_bench, run_check

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.task import load_task
+from tools.task import load_task
 from tests.kernel_builds import build_variants, one_knob_at_a_time, spills
 from tools.check import compare
 from tools.spec import load_spec

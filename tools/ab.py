@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from agent.task import Task
+from tools.task import Task
 from tools.bench import make_sets
 from tools.check import compare, poison, refill
 from tools.protocol import ABReport, ShapeAB

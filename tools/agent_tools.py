@@ -107,7 +107,7 @@ def bench_tool(ctx, args: BenchInput) -> ToolResult:
 
 
 def roofline_lines(ctx, bench) -> str:
-    from agent.briefing import peak_rates
+    from tools.roofline import peak_rates
 
     flops_peak, bytes_peak = peak_rates(_trusted(ctx), ctx)
     out = []
@@ -179,9 +179,7 @@ class HistoryInput(ToolInput):
 
 
 def history_tool(ctx, args: HistoryInput) -> ToolResult:
-    from agent.briefing import ledger
-
-    return ToolResult(text=ledger(ctx) or "no attempts yet")
+    return ToolResult(text=ctx.ledger() or "no attempts yet")
 
 
 class SubmitInput(ToolInput):

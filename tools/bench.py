@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from agent.task import Task
+from tools.task import Task
 from tools.protocol import BenchReport, ShapeBench, Timing
 from tools.spec import Spec
 from tools.timing import Timer, calls_per_sample, summarize, tensors_bytes

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from agent.task import KnobValue, Task
+from tools.task import KnobValue, Task
 
 BUILD_SCHEME = "kloop-build-2"  # bump when the build recipe changes, to invalidate old cache entries
 HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".cuh", ".inc", ".inl")

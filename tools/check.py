@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from agent.task import Task
+from tools.task import Task
 from tools.protocol import CheckReport, OutputError, ShapeCheck
 from tools.spec import Spec
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from agent.task import KnobValue, Task
+from tools.task import KnobValue, Task
 from tools.build import BuildResult, build
 from tools.protocol import BenchReport, CheckReport, DeviceInfo, WorkerRequest, WorkerResult
 from tools.runner import run_worker

@@ -6,7 +6,7 @@ could point at the harness, the reference or the user's home). Reads may look at
 task folder; writes only at files matching the manifest's `editable` globs, never the manifest or
 the spec. Files are UTF-8 text; binary content (NUL bytes, invalid UTF-8) is refused both ways.
 
-The context object needs `task` (agent.task.Task, its `root` inside the session's worktree) and
+The context object needs `task` (tools.task.Task, its `root` inside the session's worktree) and
 `notes_path` (a Path the agent keeps notes in across turns).
 """
 
@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from agent.task import MANIFEST
+from tools.task import MANIFEST
 from tools.base import Tool, ToolInput, ToolResult
 
 READ_MAX_LINES = 400  # lines shown per read_file call

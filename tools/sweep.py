@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, Field
 
-from agent.task import KnobValue, Task, TaskError
+from tools.task import KnobValue, Task, TaskError
 from tools.build import build
 from tools.evaluate import run_bench
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from agent.task import load_task
+from tools.task import load_task
 from tools.protocol import WorkerRequest, WorkerResult
 from tools.spec import load_spec
 

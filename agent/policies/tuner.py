@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-from agent.task import KnobValue
+from tools.task import KnobValue
 from tools.sweep import SweepRow, format_sweep, knob_grid, sweep
 
 EXHAUSTIVE_MAX = 64

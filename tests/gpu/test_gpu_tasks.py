@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.gate import Candidate, Gate, GateConfig
-from agent.task import load_task
+from tools.task import load_task
 from tools.build import build
 from tools.evaluate import evaluate
 
