@@ -26,9 +26,37 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = PROJECT_ROOT / "kernels"
 
 
-def fail(message: str, code: int = 2) -> None:
+EXIT_FAILURE = 1  # a build, check, gate or session failed
+EXIT_USAGE = 2  # bad input: a flag, a task path, a run id, a manifest or spec
+EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT), as shells expect
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from agent import __version__
+
+        console.print(f"kloop {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """kernel-loop: make GPU kernels faster, committing only proven gains."""
+
+
+def _at_least(minimum: float, strict: bool):
+    """A typer callback refusing a budget flag below `minimum` (or equal to it when `strict`)."""
+    def check(value):
+        if value is not None and (value < minimum or (strict and value == minimum)):
+            raise typer.BadParameter(f"{value} is not allowed: must be {'greater than' if strict else 'at least'} {minimum:g}")
+        return value
+    return check
 
 
 def resolve_task(spec: str) -> Task:
@@ -36,11 +64,25 @@ def resolve_task(spec: str) -> Task:
     path = Path(spec).expanduser()
     if not path.exists() and (SHIPPED / spec).is_dir():
         path = SHIPPED / spec
+    if not path.exists():
+        fail(f"no task {spec!r}: neither a folder nor a shipped task (see `kloop tasks`)")
     try:
-        return load_task(path)
+        task = load_task(path)
     except TaskError as exc:
         fail(str(exc))
-    raise AssertionError  # unreachable
+    _check_spec(task)
+    return task
+
+
+def _check_spec(task: Task) -> None:
+    """Import the task's spec in this (trusted) process: a syntax error or an exception at import is
+    one clear message naming the file and line, before anything is built or a run is recorded."""
+    from tools.spec import SpecError, load_spec
+
+    try:
+        load_spec(task.spec_path)
+    except SpecError as exc:
+        fail(str(exc))
 
 
 def parse_knobs(items: list[str] | None) -> dict[str, str]:
@@ -156,7 +198,7 @@ def _runs_root(runs_dir: Optional[Path]) -> Path:
 
 
 def resolve_run(run: str, runs_dir: Optional[Path]) -> Path:
-    """A run id under the runs folder, a path to a run folder, or 'last'."""
+    """A run id under the runs folder, a unique prefix of one, a path to a run folder, or 'last'."""
     from agent.records import list_runs
 
     root = _runs_root(runs_dir)
@@ -170,10 +212,13 @@ def resolve_run(run: str, runs_dir: Optional[Path]) -> Path:
         return path
     if (root / run / "run.json").is_file():
         return root / run
-    matches = [p for p in root.glob(f"*{run}*") if (p / "run.json").is_file()] if root.is_dir() else []
+    ids = sorted(p.name for p in root.iterdir() if (p / "run.json").is_file()) if root.is_dir() else []
+    matches = [i for i in ids if i.startswith(run)] or [i for i in ids if run in i]
     if len(matches) == 1:
-        return matches[0]
-    fail(f"no run {run!r} in {root}" + (f" (ambiguous: {[m.name for m in matches]})" if matches else ""))
+        return root / matches[0]
+    if matches:
+        fail(f"run {run!r} is ambiguous in {root}; it matches:\n  " + "\n  ".join(matches) + "\ngive more of the id")
+    fail(f"no run {run!r} in {root}" + (f" (runs there: {len(ids)}; list them with `kloop runs`)" if ids else " (no runs there)"))
     raise AssertionError
 
 
@@ -228,10 +273,10 @@ def optimize(
     task: str = typer.Argument(..., help="Task folder (holding task.toml) or shipped task name."),
     agent: Optional[str] = typer.Option(None, help="claude or tuner (default: claude when ANTHROPIC_API_KEY is set, else tuner)."),
     model: Optional[str] = typer.Option(None, help="Claude model id."),
-    max_turns: Optional[int] = typer.Option(None, help="Claude: most model turns."),
-    max_cost: Optional[float] = typer.Option(None, help="Claude: most USD spent on the API."),
-    max_hours: Optional[float] = typer.Option(None, help="Wall-clock hours."),
-    max_attempts: Optional[int] = typer.Option(None, help="Most submissions to the gate."),
+    max_turns: Optional[int] = typer.Option(None, help="Claude: most model turns.", callback=_at_least(1, False)),
+    max_cost: Optional[float] = typer.Option(None, help="Claude: most USD spent on the API.", callback=_at_least(0, True)),
+    max_hours: Optional[float] = typer.Option(None, help="Wall-clock hours.", callback=_at_least(0, True)),
+    max_attempts: Optional[int] = typer.Option(None, help="Most submissions to the gate.", callback=_at_least(1, False)),
     allow_dirty: bool = typer.Option(False, help="Snapshot uncommitted changes of the task folder into the base."),
     runs_dir: Optional[Path] = typer.Option(None, help="Where run records go (default: $KLOOP_RUNS or ./runs of kloop)."),
     gate_seconds: float = typer.Option(4.0, help="Gate: timing seconds per decision."),
@@ -303,7 +348,9 @@ def runs(runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
         emit_json([r.model_dump(mode="json") for r in rows])
         return
     table = Table(title=f"runs in {_runs_root(runs_dir)}")
-    for col in ("run", "task", "policy", "started", "attempts", "accepted", "best speedup", "state"):
+    # the run id is the handle every other command takes: never cut or wrapped
+    table.add_column("run", no_wrap=True, min_width=max((len(r.run_id) for r in rows), default=3))
+    for col in ("task", "policy", "started", "attempts", "accepted", "best speedup", "state"):
         table.add_column(col)
     for r in rows:
         state = r.error or (f"ended: {r.end_reason}" if r.ended else "open (resume it)")
@@ -335,13 +382,46 @@ def _commit_rows(repo_root: Path, branch: str, base: Optional[str]) -> list[dict
     return rows
 
 
+_NUM = r"(-?[0-9.]+(?:e-?[0-9]+)?)"
+
+
+def _numbers(row: dict) -> dict:
+    """A commit row for --json: the trailers' figures as numbers (the table shows the text)."""
+    import re
+
+    def num(text):
+        try:
+            return float(text) if text is not None else None
+        except ValueError:
+            return None
+
+    out = dict(row)
+    out["attempt"] = int(row["attempt"]) if row.get("attempt") and str(row["attempt"]).isdigit() else row.get("attempt")
+    out["speedup"] = num(row.get("speedup"))
+    lo, _, hi = (row.get("ci95") or "").partition("..")
+    out["ci95"] = [num(lo), num(hi)] if hi else None
+    times = {}
+    for shape, text in row.get("times", {}).items():
+        m = re.match(rf"{_NUM}ms -> {_NUM}ms \(x{_NUM}, {_NUM}\.\.{_NUM}, (\d+) pairs\)", text)
+        times[shape] = {"best_ms": float(m[1]), "candidate_ms": float(m[2]), "speedup": float(m[3]),
+                        "ci95": [float(m[4]), float(m[5])], "pairs": int(m[6])} if m else {"text": text}
+    out["times"] = times
+    regs = {}
+    for kernel, text in row.get("registers", {}).items():
+        m = re.match(r"(?:(\d+) -> )?(\d+) regs, spills (?:(\d+)/(\d+) -> )?(\d+)/(\d+) B", text)
+        regs[kernel] = {"registers": int(m[2]), "registers_before": int(m[1] or m[2]),
+                        "spill_store_bytes": int(m[5]), "spill_load_bytes": int(m[6])} if m else {"text": text}
+    out["registers"] = regs
+    return out
+
+
 def _print_log(run_dir: Path, as_json: bool) -> None:
     from agent.records import RunRecord
 
     info = RunRecord.open(run_dir).info
     rows = _commit_rows(Path(info.repo_root), info.branch, info.base_commit)
     if as_json:
-        emit_json({"run": info.run_id, "branch": info.branch, "base": info.base_commit, "commits": rows})
+        emit_json({"run": info.run_id, "branch": info.branch, "base": info.base_commit, "commits": [_numbers(r) for r in rows]})
         return
     table = Table(title=f"accepted changes on {info.branch} (base {info.base_commit[:10]})", title_justify="left")
     for col in ("commit", "title", "speedup [95% CI]", "time per bench shape", "registers / spills"):
@@ -365,7 +445,7 @@ def log(run: str = typer.Argument("last", help="Run id, run folder, 'last', or a
     if run.startswith("kloop/"):
         rows = _commit_rows(repo, run, None)
         if as_json:
-            emit_json(rows)
+            emit_json([_numbers(r) for r in rows])
         else:
             for r in rows:
                 console.print(f"{r['commit'][:10]} x{r['speedup']} [{r['ci95']}] {r['title']}", highlight=False)
@@ -374,10 +454,12 @@ def log(run: str = typer.Argument("last", help="Run id, run folder, 'last', or a
 
 
 @app.command()
-def show(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."),
+def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), run folder, or 'last'."),
+         attempt: Optional[int] = typer.Argument(None, help="One attempt: its full reason, or its patch with --diff."),
+         diff: bool = typer.Option(False, "--diff", help="Print the attempt's patch (needs N)."),
          runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Every attempt of a run, accepted or not, and why."""
+    """Every attempt of a run, accepted or not, and why; `show RUN N --diff` prints attempt N's patch."""
     from agent.records import RunRecord
     from agent.session import attempts_from_events
 
@@ -385,6 +467,11 @@ def show(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."
     events = record.events()
     attempts = attempts_from_events(events)
     info = record.info
+    if diff and attempt is None:
+        fail("--diff needs an attempt number: kloop show RUN N --diff")
+    if attempt is not None:
+        _show_attempt(record, attempts, attempt, diff, as_json)
+        return
     if as_json:
         emit_json({"run": info.model_dump(mode="json"), "attempts": [a.__dict__ for a in attempts]})
         return
@@ -404,6 +491,35 @@ def show(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."
         console.print(f"ended: {ended[-1].reason}")
 
 
+def _show_attempt(record, attempts, number: int, diff: bool, as_json: bool) -> None:
+    found = [a for a in attempts if a.number == number]
+    if not found:
+        fail(f"run {record.info.run_id} has no attempt {number} (attempts: "
+             f"{', '.join(str(a.number) for a in attempts) or 'none'})")
+    a = found[0]
+    path = record.patch_path(number)
+    patch = record.read_patch(number) if path.is_file() else None
+    if as_json:
+        emit_json(a.__dict__ | ({"patch": patch} if diff else {}))
+        return
+    if diff:
+        if patch is None:
+            fail(f"attempt {number} has no patch in the record ({path} is missing)", code=EXIT_FAILURE)
+        sys.stdout.write(patch if patch.endswith("\n") or not patch else patch + "\n")
+        if not patch.strip():
+            err_console.print(f"(attempt {number}'s patch is empty: nothing changed against the best)")
+        return
+    verdict = "interrupted" if a.accepted is None else ("accepted" if a.accepted else "rejected")
+    console.print(f"[bold]attempt {a.number}[/]: {a.title}\n{verdict}: {a.reason}", highlight=False)
+    if a.rationale:
+        console.print(f"rationale: {a.rationale}", highlight=False)
+    if a.knobs:
+        console.print("knobs: " + " ".join(f"{k}={v}" for k, v in a.knobs.items()), highlight=False)
+    if a.commit:
+        console.print(f"commit: {a.commit}", highlight=False)
+    console.print(f"patch: kloop show {record.info.run_id} {a.number} --diff", highlight=False)
+
+
 @app.command()
 def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."),
            runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
@@ -416,7 +532,7 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
     report = do_replay(run_dir, repo=repo, on_row=None if as_json else
                        (lambda r: err_console.print(f"  replayed #{r.attempt}: {'accepted' if r.replayed_accepted else 'rejected'}", highlight=False)))
     if as_json:
-        emit_json(report.model_dump(mode="json") | {"ok": report.ok})
+        emit_json(report.model_dump(mode="json") | {"ok": report.ok, "counts": report.counts()})
     else:
         table = Table(title=f"replay of {report.run_id}", title_justify="left")
         for col in ("#", "title", "recorded", "replayed", "agree", "replayed reason"):
@@ -425,17 +541,52 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
             rec_txt = ("accepted" if r.recorded_accepted else "rejected") + (f" x{r.recorded_speedup:.4f}" if r.recorded_speedup else "")
             rep_txt = ("accepted" if r.replayed_accepted else f"rejected ({r.replayed_stage})") + (
                 f" x{r.replayed_speedup:.4f} [{r.replayed_lo:.4f}, {r.replayed_hi:.4f}]" if r.replayed_speedup else "")
-            table.add_row(str(r.attempt), r.title, rec_txt, rep_txt, "yes" if r.agrees else "[yellow]no[/]",
+            agree = "n/a (interrupted)" if r.interrupted else ("yes" if r.agrees else "[red]FLIPPED[/]")
+            table.add_row(str(r.attempt), r.title, rec_txt, rep_txt, agree,
                           ("[red]NO LONGER CORRECT[/] " if r.broken else "") + r.replayed_reason[:300])
         console.print(table)
         console.print(f"recorded on: {report.recorded_machine}\nreplayed on: {report.replay_machine or 'n/a'}", highlight=False)
+        summary = Table(title="summary", title_justify="left", show_header=False)
+        summary.add_column("what")
+        summary.add_column("count", justify="right")
+        for what, n in report.counts().items():
+            bad = n and what in ("accepted -> rejected", "rejected -> accepted", "no longer correct")
+            summary.add_row(what, f"[red]{n}[/]" if bad else str(n))
+        console.print(summary)
+        console.print("[green]every verdict reproduced[/]" if report.ok else "[red]verdicts flipped: the run does not replay here[/]")
     if not report.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _error_exit(exc: BaseException) -> int:
+    """One paragraph for an error that escaped a command (no internal traceback; KLOOP_DEBUG=1 shows it)."""
+    import os
+
+    from agent.records import RecordError
+    from agent.session import SessionError
+    from agent.workspace import WorkspaceError
+    from tools.spec import SpecError
+
+    if os.environ.get("KLOOP_DEBUG"):
+        import traceback
+
+        traceback.print_exception(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        err_console.print("[yellow]interrupted[/]")
+        return EXIT_INTERRUPTED
+    usage = isinstance(exc, (TaskError, SpecError, RecordError))
+    known = usage or isinstance(exc, (SessionError, WorkspaceError))
+    message = str(exc) if known else f"internal error: {type(exc).__name__}: {exc} (KLOOP_DEBUG=1 shows the traceback)"
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    return EXIT_USAGE if usage else EXIT_FAILURE
 
 
 def main() -> None:  # pragma: no cover
-    app()
+    try:
+        app()
+    except (Exception, KeyboardInterrupt) as exc:
+        sys.exit(_error_exit(exc))
 
 
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    main()

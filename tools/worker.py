@@ -17,7 +17,7 @@ import torch
 
 from tools.task import load_task
 from tools.protocol import WorkerRequest, WorkerResult
-from tools.spec import load_spec
+from tools.spec import SpecError, load_spec
 
 
 def load_library(path: str, spec) -> ctypes.CDLL:
@@ -67,6 +67,8 @@ def main(argv: list[str]) -> int:
         req = WorkerRequest.model_validate_json(req_path.read_text())
         req_path.unlink()  # the request holds the gate's seed: gone before any untrusted code loads
         result = serve(req)
+    except SpecError as exc:  # names the spec file and line already: no harness traceback
+        result = WorkerResult(ok=False, error=f"SpecError: {exc}")
     except Exception as exc:
         tb = traceback.format_exc(limit=4)
         result = WorkerResult(ok=False, error=f"{type(exc).__name__}: {exc}\n{tb[-1500:]}")
