@@ -247,25 +247,87 @@ def _default_agent() -> str:
     return "claude" if _has_api_key() else "tuner"
 
 
-def _progress_line(event) -> None:
-    """One line per event worth watching while a session runs."""
-    kind = event.kind
-    if kind == "llm_turn":
-        line = f"[dim]turn {event.turn}[/] {event.stop_reason} ${event.cost_usd:.4f}" + (
-            f" (total ${event.total_cost_usd:.2f})" if event.total_cost_usd is not None else "")
-    elif kind == "tool_call":
-        line = f"  {'[green]' if event.ok else '[red]'}{event.name}[/] {event.duration_s:.1f} s"
-    elif kind == "attempt_started":
-        line = f"[bold]attempt {event.attempt}[/]: {event.title}"
-    elif kind == "verdict":
-        line = f"  {'[green]accepted[/]' if event.accepted else '[red]rejected[/]'}: {event.reason[:200]}"
-    elif kind == "baseline":
-        line = "baseline built, checked and timed"
-    elif kind == "llm_retry":
-        line = f"  [yellow]API retry {event.attempt} in {event.wait_s:.1f} s[/]: {event.error[:120]}"
-    else:
-        return
-    err_console.print(line, highlight=False)
+class Progress:
+    """Live progress while a session runs: one line per turn, tool call, attempt and verdict, and a
+    status line with elapsed time while a build, check or timing runs."""
+
+    def __init__(self):
+        from agent.report import StageStatus
+
+        self.status = StageStatus(err_console)
+
+    def __call__(self, event) -> None:
+        kind = event.kind
+        if kind == "stage":
+            self._stage(event)
+            return
+        if kind in ("verdict", "baseline", "session_ended", "attempt_started", "llm_turn"):
+            self.status.stop()
+        if kind == "llm_turn":
+            line = f"[dim]turn {event.turn}[/] {event.stop_reason} ${event.cost_usd:.4f}" + (
+                f" (total ${event.total_cost_usd:.2f})" if event.total_cost_usd is not None else "")
+        elif kind == "tool_call":
+            line = f"  {'[green]' if event.ok else '[red]'}{event.name}[/] {event.duration_s:.1f} s"
+        elif kind == "attempt_started":
+            line = f"[bold]attempt {event.attempt}[/]: {event.title}"
+        elif kind == "verdict":
+            line = f"  {'[green]accepted[/]' if event.accepted else '[red]rejected[/]'}: {event.reason[:300]}"
+        elif kind == "baseline":
+            line = "baseline built, checked and timed"
+        elif kind == "llm_retry":
+            line = f"  [yellow]API retry {event.attempt} in {event.wait_s:.1f} s[/]: {event.error[:120]}"
+        else:
+            return
+        err_console.print(line, highlight=False)
+
+    def _stage(self, event) -> None:
+        who = "baseline" if event.attempt is None else f"attempt {event.attempt}"
+        if event.state == "started":
+            self.status.start(f"{who}: {event.stage.replace('-', ' ')}")
+            return
+        elapsed = self.status.stop()
+        if event.stage == "build" and event.ok is False:
+            err_console.print(f"  [red]build failed[/] after {event.seconds or elapsed or 0:.1f} s", highlight=False)
+        elif event.stage == "build":
+            err_console.print(f"  [dim]built in {event.seconds or elapsed or 0:.1f} s[/]", highlight=False)
+
+    def interrupted(self, message: str) -> None:
+        err_console.print(f"[bold yellow]{message}[/]", highlight=False)
+
+    def close(self) -> None:
+        self.status.stop()
+
+
+def _run_session(session, policy) -> str:
+    """Run with live progress; Ctrl-C is acknowledged at once; a second one exits 130 (the record
+    says interrupted); a failing session exits 1."""
+    from agent.session import SessionError
+
+    progress = Progress()
+    session.on_event = progress
+    session.on_interrupt = progress.interrupted
+    try:
+        return session.run(policy)
+    except SessionError as exc:
+        progress.close()
+        fail(str(exc), code=EXIT_FAILURE)
+    except KeyboardInterrupt:
+        progress.close()
+        err_console.print(f"[yellow]stopped now[/]: the running evaluation was killed and recorded as interrupted. "
+                          f"Continue with: kloop resume {session.record.info.run_id}", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    finally:
+        progress.close()
+    raise AssertionError
+
+
+def _finish(session, reason: str) -> None:
+    info = session.record.info
+    _print_log(session.record.dir, as_json=False)
+    err_console.print(f"session ended: {reason}. Review: kloop log {info.run_id}; kloop show {info.run_id}"
+                      + (f"; continue: kloop resume {info.run_id}" if reason == "interrupted" else ""), highlight=False)
+    if reason == "interrupted":
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 @app.command()
@@ -303,38 +365,50 @@ def optimize(
         from tools.agent_tools import session_toolbox
 
         session.toolbox = session_toolbox(session)
-    session.on_event = _progress_line
     info = session.record.info
     err_console.print(f"run [bold]{info.run_id}[/]: task {t.name}, policy {policy.name}, branch {info.branch}\n"
                       f"  worktree {info.worktree}\n  record   {session.record.dir}", highlight=False)
-    try:
-        reason = session.run(policy)
-    except SessionError as exc:
-        fail(str(exc), code=1)
-    _print_log(session.record.dir, as_json=False)
-    err_console.print(f"session ended: {reason}. Review: kloop log {info.run_id}; kloop show {info.run_id}", highlight=False)
+    _finish(session, _run_session(session, policy))
 
 
 @app.command()
-def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'."),
+def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run folder, or 'last'."),
            runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
-           model: Optional[str] = typer.Option(None, help="Claude model id (claude runs).")) -> None:
-    """Continue a session that was stopped or killed, from its record."""
-    from agent.session import Session, SessionError
+           model: Optional[str] = typer.Option(None, help="Claude model id (claude runs)."),
+           max_turns: Optional[int] = typer.Option(None, help="Claude: most model turns, for the whole run.", callback=_at_least(1, False)),
+           max_cost: Optional[float] = typer.Option(None, help="Claude: most USD for the whole run.", callback=_at_least(0, True)),
+           max_hours: Optional[float] = typer.Option(None, help="Wall-clock hours for the whole run.", callback=_at_least(0, True)),
+           max_attempts: Optional[int] = typer.Option(None, help="Most submissions for the whole run.", callback=_at_least(1, False)),
+           ) -> None:
+    """Continue a session that was stopped or killed, from its record (budgets count what was spent)."""
+    from agent.policies.base import Budget
+    from agent.records import RunRecord
+    from agent.session import Session
 
     run_dir = resolve_run(run, runs_dir)
-    session = Session.resume(run_dir)
-    policy = make_policy(session.record.info.policy, model or (session.record.info.config or {}).get("model"), None)
+    recorded = Budget(**((RunRecord.open(run_dir).info.config or {}).get("budget") or {}))
+    flags = {"max_turns": max_turns, "max_cost_usd": max_cost, "max_hours": max_hours, "max_attempts": max_attempts}
+    budget = None if all(v is None for v in flags.values()) else Budget(
+        **{k: (v if v is not None else getattr(recorded, k)) for k, v in flags.items()})
+    session = Session.resume(run_dir, budget=budget)
+    info = session.record.info
+    policy = make_policy(info.policy, model or (info.config or {}).get("model"), None)
     if policy.name == "claude":
         from tools.agent_tools import session_toolbox
 
         session.toolbox = session_toolbox(session)
-    session.on_event = _progress_line
-    try:
-        reason = session.run(policy)
-    except SessionError as exc:
-        fail(str(exc), code=1)
-    err_console.print(f"session ended: {reason}", highlight=False)
+    spent = session.spent_before
+    err_console.print(f"resuming run [bold]{info.run_id}[/]: task {info.task}, policy {policy.name}, branch {info.branch}; "
+                      f"{session.attempts_made()} attempt(s) so far, {spent.hours * 60:.1f} min"
+                      + (f", {spent.turns} turns, ${spent.cost_usd:.2f}" if spent.turns else ""), highlight=False)
+    for line in session.repairs or ["nothing to repair: the record and the branch agree"]:
+        err_console.print(f"  repaired: {line}" if session.repairs else f"  {line}", highlight=False)
+    if session.recorded_baseline() is not None:
+        err_console.print("  baseline: the recorded figures are reused; the best is rebuilt, not re-timed", highlight=False)
+    offered = session.interrupted_attempt()
+    if offered:
+        err_console.print(f"  attempt {offered.number} ({offered.title}) was interrupted: offered to the policy again", highlight=False)
+    _finish(session, _run_session(session, policy))
 
 
 @app.command()
