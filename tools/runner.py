@@ -141,7 +141,9 @@ def _progress(path: Path) -> str:
     if not fields.get("shape"):
         return ""
     lib = f" ({fields['lib']})" if fields.get("lib") else ""
-    return f" during {fields.get('phase', 'evaluation')} of shape {fields['shape']}{lib}, call {fields.get('call', '?')}"
+    phase = fields.get("phase", "evaluation")
+    call = fields.get("call", "?") + (" or later" if phase == "timing" else "")
+    return f" during {phase} of shape {fields['shape']}{lib}, call {call}"
 
 
 def _memory_limit(req: WorkerRequest) -> int | None:
