@@ -497,6 +497,9 @@ def _print_log(run_dir: Path, as_json: bool) -> None:
     if as_json:
         emit_json({"run": info.run_id, "branch": info.branch, "base": info.base_commit, "commits": [_numbers(r) for r in rows]})
         return
+    if not rows:
+        console.print(f"no accepted changes on {info.branch} (base {info.base_commit[:10]})", highlight=False)
+        return
     table = Table(title=f"accepted changes on {info.branch} (base {info.base_commit[:10]})", title_justify="left")
     for col in ("commit", "title", "speedup [95% CI]", "time per bench shape", "registers / spills"):
         table.add_column(col)

@@ -50,7 +50,7 @@ INTERRUPT_ACK = "stopping after the current step; Ctrl-C again to stop now"
 class StageEvent:
     """Live progress from inside one gate evaluation (not recorded: the verdict holds the figures)."""
 
-    stage: str  # build, check, timing, baseline-timing
+    stage: str  # build, check, timing
     state: str  # started, finished
     attempt: int | None = None  # None: the baseline
     ok: bool | None = None
@@ -287,7 +287,7 @@ class Session:
         try:
             from tools.evaluate import run_bench
 
-            self._on_stage("baseline-timing", "started")
+            self._on_stage("timing", "started")
             res = run_bench(self.trusted_task, verdict.build.lib, comparators=True, seconds_per_shape=0.5,
                             trusted_dir=self.gate.trusted_dir)
             if res.bench:

@@ -217,3 +217,47 @@ def test_baseline_that_fails_leaves_no_branch_and_no_record(tmp_path):
     assert [d for d in runs.iterdir() if d.name != "_worktrees"] == [] if runs.exists() else True
     assert not any((runs / "_worktrees").iterdir()) if (runs / "_worktrees").exists() else True
     assert len(r.git.worktree("list").splitlines()) == 1  # the user's checkout only
+
+
+def test_resume_offers_an_interrupted_attempt_to_a_model_policy(tmp_path):
+    """An attempt cut short (no verdict) is marked interrupted on resume; the resumed briefing puts
+    its changes back in the worktree and says so; the repairs are listed."""
+    from agent.policies.base import Budget
+    from agent.session import Session
+
+    repo = make_repo(tmp_path)
+    s = Session.start(repo / "kernels" / "matmul_cpu", "claude", Budget(max_turns=10, max_cost_usd=2.0), runs_root=tmp_path / "runs")
+    src = s.ws.task_path / "matmul.cpp"
+    src.write_text(src.read_text().replace("float acc = 0.f;", "float acc = 0.0f;", 1))
+    path = s.record.write_patch(1, s.ws.diff(against=s.best_commit))
+    s.log("attempt_started", attempt=1, title="Spell the zero", patch=str(path.relative_to(s.record.dir)))
+    s.log("llm_turn", turn=1, cost_usd=0.75)
+    s.log("llm_turn", turn=2, cost_usd=0.5)
+    s.ws.restore(s.best_commit)  # as a kill mid-gate leaves it, give or take the tree
+
+    resumed = Session.resume(s.record.dir, budget=Budget(max_turns=10, max_cost_usd=2.0))
+    assert any("marked attempt 1" in r and "interrupted" in r for r in resumed.repairs), resumed.repairs
+    assert resumed.interrupted_attempt().number == 1
+    assert resumed.spent_before.turns == 2 and resumed.spent_before.cost_usd == pytest.approx(1.25)
+    assert resumed.budget.max_turns == 8 and resumed.budget.max_cost_usd == pytest.approx(0.75)
+    text = resumed.briefing()
+    assert "Attempt 1 ('Spell the zero') was interrupted" in text and "back in the worktree" in text
+    assert resumed.ws.changed_paths(against=resumed.best_commit) == ["kernels/matmul_cpu/matmul.cpp"]
+    assert "0.0f" in (resumed.ws.task_path / "matmul.cpp").read_text()
+
+
+def test_budget_spent_before_a_resume_counts(tmp_path):
+    from agent.policies.base import Budget
+    from agent.session import Session
+
+    repo = make_repo(tmp_path)
+    s = Session.start(repo / "kernels" / "matmul_cpu", "claude", Budget(), runs_root=tmp_path / "runs")
+    for turn in range(1, 4):
+        s.log("llm_turn", turn=turn, cost_usd=1.0)
+    resumed = Session.resume(s.record.dir, budget=Budget(max_turns=3, max_cost_usd=5.0, max_attempts=2))
+    assert resumed.budget.max_turns == 0 and resumed.stop_reason() == "max_turns"
+    resumed = Session.resume(s.record.dir, budget=Budget(max_cost_usd=3.0))
+    assert resumed.stop_reason() == "max_cost"
+    resumed = Session.resume(s.record.dir, budget=Budget(max_cost_usd=3.5, max_hours=1.0))
+    assert resumed.stop_reason() is None and resumed.budget.max_cost_usd == pytest.approx(0.5)
+    assert 0 < resumed.budget.max_hours <= 1.0
