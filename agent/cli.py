@@ -386,13 +386,14 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
     from agent.session import Session
 
     run_dir = resolve_run(run, runs_dir)
-    recorded = Budget(**((RunRecord.open(run_dir).info.config or {}).get("budget") or {}))
+    recorded_info = RunRecord.open(run_dir).info
+    policy = make_policy(recorded_info.policy, model or (recorded_info.config or {}).get("model"), None)  # before any repair
+    recorded = Budget(**((recorded_info.config or {}).get("budget") or {}))
     flags = {"max_turns": max_turns, "max_cost_usd": max_cost, "max_hours": max_hours, "max_attempts": max_attempts}
     budget = None if all(v is None for v in flags.values()) else Budget(
         **{k: (v if v is not None else getattr(recorded, k)) for k, v in flags.items()})
     session = Session.resume(run_dir, budget=budget)
     info = session.record.info
-    policy = make_policy(info.policy, model or (info.config or {}).get("model"), None)
     if policy.name == "claude":
         from tools.agent_tools import session_toolbox
 

@@ -157,6 +157,7 @@ class Session:
         self.repairs: list[str] = []  # what `repair` fixed after a kill, for people
         self.spent_before = SpentBefore()  # budget used by earlier segments of this run (resume)
         self.current_attempt: int | None = None
+        self.discarded = False  # the run was removed whole (its baseline failed)
         gate.on_stage = self._on_stage
 
     # ---- construction --------------------------------------------------------------------------
@@ -454,9 +455,11 @@ class Session:
                 signal.signal(sig, handler)
         return self.interrupted or reason
 
-    discarded = False
-
     def _install_signal_handlers(self) -> dict:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # signals reach only the main thread; a session run elsewhere is stopped by its owner
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
         def on_signal(signum, _frame):

@@ -64,6 +64,7 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
             if proc.returncode is None:
                 _reap(proc)
         text = reader.text()
+        reader.close(proc)
         where = _progress(Path(tmp, PROGRESS_FILE))
         if not finished:
             return WorkerResult(ok=False, error=f"timed out after {timeout:.0f} s{where} (hang or far too slow); "
@@ -107,6 +108,10 @@ class _OutputReader:
     def text(self) -> str:
         self._thread.join(timeout=5)
         return b"".join(self._chunks).decode(errors="replace")
+
+    def close(self, proc: subprocess.Popen) -> None:
+        if not self._thread.is_alive() and proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> tuple[bool, int]:

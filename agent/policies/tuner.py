@@ -20,6 +20,10 @@ EXHAUSTIVE_MAX = 64
 RANKING_NOTE = "tuner ranking"  # the note holding the sweep's rows (read back on resume)
 
 
+class _SweepStopped(Exception):
+    """The session was told to stop during the sweep (nothing ranked is recorded: resume sweeps again)."""
+
+
 def _key(knobs: dict) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in knobs.items()))
 
@@ -47,8 +51,14 @@ class TunerPolicy:
         return self._sample(ctx)
 
     def _sweep(self, ctx, configs: list[dict[str, KnobValue]]) -> list[SweepRow]:
+        def on_row(i: int, n: int, row: SweepRow) -> None:
+            if n > 1:
+                self._progress(i, n, row)
+            if i < n and ctx.stop_reason():  # a Ctrl-C: stop after this setting, not after the whole sweep
+                raise _SweepStopped()
+
         return sweep(ctx.gate.task, configs, src_root=ctx.ws.task_path, trusted_dir=ctx.gate.trusted_dir,
-                     seconds_per_shape=self.seconds, on_row=self._progress if len(configs) > 1 else None)
+                     seconds_per_shape=self.seconds, on_row=on_row)
 
     def _progress(self, i: int, n: int, row: SweepRow) -> None:
         knobs = " ".join(f"{k}={v}" for k, v in row.knobs.items())
@@ -80,7 +90,10 @@ class TunerPolicy:
     def run(self, ctx) -> str:
         rows = self.recorded_ranking(ctx)
         if rows is None:
-            rows = self.rank(ctx)
+            try:
+                rows = self.rank(ctx)
+            except _SweepStopped:
+                return ctx.stop_reason() or "stopped"
             ctx.log("note", text=RANKING_NOTE, data={"rows": [r.model_dump(mode="json") for r in rows]})
         else:
             self.console.print(f"[bold]tuner[/]: the sweep is in the record ({len(rows)} settings); not repeated")
