@@ -273,7 +273,10 @@ def build(
         return BuildResult(ok=False, key=key, build_dir=str(final), knobs=knobs,
                            errors=[CompileError(message=f"{what} not found on PATH")])
     try:
-        proc = subprocess.run([_ninja(), "-C", str(work)], capture_output=True, text=True, timeout=timeout)
+        # its own session: a first Ctrl-C at the terminal (meaning "stop after this step") must not kill
+        # the build under way; a second one raises here and subprocess.run kills ninja
+        proc = subprocess.run([_ninja(), "-C", str(work)], capture_output=True, text=True, timeout=timeout,
+                              start_new_session=True)
         ninja_out = proc.stdout + proc.stderr
         ok = proc.returncode == 0
     except subprocess.TimeoutExpired:
