@@ -139,7 +139,8 @@ def test_ctrl_c_twice_stops_now_and_resume_continues_from_the_record(tmp_path):
     cmd = [sys.executable, "-m", "agent.cli", "optimize", str(repo / "kernels" / "matmul_cpu"), "--agent", "tuner",
            "--runs-dir", str(runs), "--gate-seconds", "2"]
     log = open(tmp_path / "optimize.log", "w+")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # its own process group, signalled whole: what a terminal's Ctrl-C does
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
         run_dir = None
@@ -155,7 +156,7 @@ def test_ctrl_c_twice_stops_now_and_resume_continues_from_the_record(tmp_path):
             pytest.fail("attempt 1 never started: " + (log.seek(0) or log.read()))
         time.sleep(1.0)
         mark = log.tell()
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         acked = False
         for _ in range(50):  # the acknowledgement is immediate, not after the gate
             log.seek(mark)
@@ -166,7 +167,7 @@ def test_ctrl_c_twice_stops_now_and_resume_continues_from_the_record(tmp_path):
         assert acked, log.seek(0) or log.read()
         assert proc.poll() is None  # still waiting for the step to end
         sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=30) == 130
         assert time.monotonic() - sent < 20
     finally:
