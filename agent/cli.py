@@ -313,20 +313,18 @@ def runs(runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
 
 
 def _commit_rows(repo_root: Path, branch: str, base: Optional[str]) -> list[dict]:
-    import git
-
     from agent.trailers import parse_trailers
+    from agent.workspace import commit_log
 
-    repo = git.Repo(repo_root)
     rev = f"{base}..{branch}" if base else branch
     rows = []
-    for c in repo.iter_commits(rev, reverse=True):
+    for c in commit_log(repo_root, rev):
         trailers = parse_trailers(c.message)
         if not any(k == "Kloop-Attempt" for k, _ in trailers):
             continue
         t = dict(trailers)
         rows.append({
-            "commit": c.hexsha, "title": c.summary, "attempt": t.get("Kloop-Attempt"), "speedup": t.get("Kloop-Speedup"),
+            "commit": c.sha, "title": c.summary, "attempt": t.get("Kloop-Attempt"), "speedup": t.get("Kloop-Speedup"),
             "ci95": t.get("Kloop-Speedup-CI95"),
             "times": {k.removeprefix("Kloop-Time-"): v for k, v in trailers if k.startswith("Kloop-Time-")},
             "registers": {k.removeprefix("Kloop-Regs-"): v for k, v in trailers if k.startswith("Kloop-Regs-")},

@@ -152,7 +152,7 @@ class Session:
         attempts = self.attempts()
         accepted = {a.number: a for a in attempts if a.accepted}
         # 1. commits on the branch must each carry an accepted attempt; anything else is cut off
-        commits = _commits_since(self.ws)
+        commits = self.ws.commits_since_base()
         keep = self.ws.base_commit
         for sha, message in commits:
             number = dict(parse_trailers(message)).get("Kloop-Attempt")
@@ -164,7 +164,7 @@ class Session:
                 self.log("committed", attempt=a.number, commit=sha)
                 a.commit = sha
         if keep != self.ws.head():
-            _move_branch(self.ws, keep)
+            self.ws.reset_branch(keep)
         self.best_commit = keep
         # 2. an accepted verdict whose commit never happened: land it now (the gate already decided)
         for a in attempts:
@@ -355,18 +355,3 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.4f}ms"
 
-
-def _commits_since(ws: Workspace) -> list[tuple[str, str]]:
-    """(sha, message) of the branch's commits after the base, oldest first."""
-    import git
-
-    repo = git.Repo(ws.path)
-    commits = list(repo.iter_commits(f"{ws.base_commit}..{ws.branch}", reverse=True))
-    return [(c.hexsha, c.message) for c in commits]
-
-
-def _move_branch(ws: Workspace, sha: str) -> None:
-    import git
-
-    repo = git.Repo(ws.path)
-    repo.git.reset("--hard", sha)
