@@ -275,10 +275,15 @@ def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'.")
            runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
            model: Optional[str] = typer.Option(None, help="Claude model id (claude runs).")) -> None:
     """Continue a session that was stopped or killed, from its record."""
+    from agent.runlock import RunLocked
     from agent.session import Session, SessionError
+    from agent.workspace import WorkspaceError
 
     run_dir = resolve_run(run, runs_dir)
-    session = Session.resume(run_dir)
+    try:
+        session = Session.resume(run_dir)
+    except (RunLocked, WorkspaceError) as exc:
+        fail(str(exc))
     policy = make_policy(session.record.info.policy, model or (session.record.info.config or {}).get("model"), None)
     if policy.name == "claude":
         from tools.agent_tools import session_toolbox

@@ -22,6 +22,7 @@ from agent.gate import Candidate, Gate, GateConfig, Verdict
 from agent.policies.base import Budget
 from tools.task import KNOBS_FILE, Task, load_task
 from agent.trailers import format_commit_message, parse_trailers, trailer_key
+from agent.runlock import RunLock
 from agent.workspace import Workspace
 from tools.base import ToolBox
 from tools.build import BuildResult
@@ -95,6 +96,7 @@ class Session:
         self.started = time.monotonic()
         self.interrupted: str | None = None
         self.on_event = None  # called with each event after it is recorded (live progress display)
+        self.lock: RunLock | None = None  # one process per run: held from start/resume to the end of run()
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
@@ -113,24 +115,44 @@ class Session:
             versions=_versions(None),
         )
         record = rec.RunRecord.create(runs_root, info)
-        trusted = run_dir / "trusted"
-        ws.export_tree(ws.base_commit, trusted, subdir=None if ws.task_rel == "." else ws.task_rel)
-        session = cls(record, ws, Gate(trusted, ws.task_rel, gate_config), budget, gate_config)
-        session.log("session_started")
+        lock, _ = RunLock.take(record.dir)
+        try:
+            trusted = run_dir / "trusted"
+            ws.export_tree(ws.base_commit, trusted, subdir=None if ws.task_rel == "." else ws.task_rel)
+            session = cls(record, ws, Gate(trusted, ws.task_rel, gate_config), budget, gate_config)
+            session.lock = lock
+            session.log("session_started")
+        except BaseException:
+            lock.release()
+            raise
         return session
 
     @classmethod
     def resume(cls, run_dir: Path, budget: Budget | None = None) -> "Session":
         record = rec.RunRecord.open(run_dir)
-        info = record.info
-        ws = Workspace.open(info.repo_root, info.run_id, Path(info.worktree).parent, info.task_rel, info.base_commit)
-        cfg = info.config or {}
-        gate_config = GateConfig(**cfg.get("gate", {}))
-        budget = budget or Budget(**cfg.get("budget", {}))
-        session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), budget, gate_config)
-        session.repair()
-        session.log("session_started", resumed=True)
+        lock, note = RunLock.take(record.dir)  # RunLocked, naming the holder, if a live process has it
+        try:
+            info = record.info
+            ws = Workspace.open(info.repo_root, info.run_id, Path(info.worktree).parent, info.task_rel, info.base_commit)
+            cfg = info.config or {}
+            gate_config = GateConfig(**cfg.get("gate", {}))
+            budget = budget or Budget(**cfg.get("budget", {}))
+            session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), budget, gate_config)
+            session.lock = lock
+            if note:
+                session.log("note", text=note, data={"lock": "taken over"})
+            session.repair()
+            session.log("session_started", resumed=True)
+        except BaseException:
+            lock.release()
+            raise
         return session
+
+    def close(self) -> None:
+        """Release the run's lock (run() does at its end); the session must not be used after."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     # ---- record --------------------------------------------------------------------------------
     def log(self, kind: str, **data: Any) -> None:
@@ -304,7 +326,10 @@ class Session:
                 self.ws.restore(self.best_commit)
                 self.ws.remove()  # the branch holds the result; `resume` recreates the worktree
             finally:
-                self.log("session_ended", reason=self.interrupted or reason)
+                try:
+                    self.log("session_ended", reason=self.interrupted or reason)
+                finally:
+                    self.close()
         return self.interrupted or reason
 
     # ---- evidence ------------------------------------------------------------------------------
