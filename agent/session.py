@@ -8,7 +8,6 @@ whatever a kill left half-done, without losing an accepted commit or landing an 
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import sys
@@ -22,17 +21,12 @@ from agent.gate import Candidate, Gate, GateConfig, Verdict
 from agent.policies.base import Budget
 from tools.task import KNOBS_FILE, Task, load_task
 from agent.trailers import format_commit_message, parse_trailers, trailer_key
+from agent.locations import default_runs_root, is_shipped_task, prepare_runs_root, task_repo_for
 from agent.runlock import RunLock
 from agent.workspace import Workspace
 from tools.base import ToolBox
 from tools.build import BuildResult
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
-
-def default_runs_root() -> Path:
-    env = os.environ.get("KLOOP_RUNS")
-    return Path(env).expanduser() if env else PROJECT_ROOT / "runs"
 
 
 class SessionError(Exception):
@@ -103,7 +97,9 @@ class Session:
     def start(cls, task_path: Path, policy: str, budget: Budget, runs_root: Path | None = None,
               allow_dirty: bool = False, config: dict | None = None, gate_config: GateConfig | None = None) -> "Session":
         task = load_task(task_path)
-        runs_root = Path(runs_root or default_runs_root()).resolve()
+        runs_root = prepare_runs_root(runs_root or default_runs_root(task.root))
+        if is_shipped_task(task.root):  # kloop's own files are never the session's repository
+            task = load_task(task_repo_for(task.root, runs_root))
         run_id = rec.new_run_id(task.name)
         run_dir = runs_root / run_id
         ws = Workspace.create(task.root, run_id, worktrees_root=runs_root / "_worktrees", allow_dirty=allow_dirty)

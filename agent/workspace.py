@@ -640,3 +640,39 @@ def apply_patch_to_folder(folder: Path, patch: str) -> str | None:
     except WorkspaceError as exc:
         return exc.stderr or str(exc)
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# kloop's own bookkeeping in a repository: the ignore rule for .kloop/, shipped tasks' repositories
+# --------------------------------------------------------------------------------------------
+
+
+def ensure_excluded(repo_root: Path, pattern: str) -> None:
+    """Add `pattern` to the repository's `.git/info/exclude` (local, never committed; the user's
+    .gitignore is not touched) unless it is there already."""
+    exclude = Path(str(_git(repo_root, "rev-parse", "--path-format=absolute", "--git-path", "info/exclude")))
+    text = exclude.read_text(encoding="utf-8") if exclude.is_file() else ""
+    if pattern in text.splitlines():
+        return
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    prefix = "" if not text or text.endswith("\n") else "\n"
+    with exclude.open("a", encoding="utf-8") as f:
+        f.write(f"{prefix}# kloop's run records and session worktrees\n{pattern}\n")
+
+
+def init_repo(path: Path) -> None:
+    """A new repository at `path` (an existing folder) on branch main."""
+    _git(path, "init", "--quiet", "--initial-branch=main")
+
+
+def is_clean(repo_root: Path) -> bool:
+    """No uncommitted or untracked (not ignored) files in the repository."""
+    return not _git(repo_root, "status", "--porcelain=v1", "--untracked-files=all")
+
+
+def commit_all(repo_root: Path, message: str) -> str:
+    """Commit every file of the repository's working tree (kloop's own task repositories only)."""
+    _git(repo_root, "add", "--all", "--", ".")
+    _git(repo_root, "commit", "--quiet", "--no-verify", "--allow-empty", "--cleanup=verbatim", "--file=-",
+         env=_identity_env(repo_root), stdin=message.encode(ENCODING, ERRORS))
+    return _rev(repo_root, "HEAD")
