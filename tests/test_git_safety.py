@@ -197,3 +197,45 @@ def test_apply_patch_to_folder_inside_a_repository(repo: Path):
     assert (folder / "kernels" / "demo" / "kernel.cu").read_text() == "b\n"
     assert apply_patch_to_folder(folder, patch)  # no longer applies: git's complaint
     assert snapshot(repo) == before
+
+
+def test_session_whose_worktree_vanishes_mid_gate(tmp_path: Path, monkeypatch):
+    """The reported data loss, end to end: a session in the default layout (records and worktree in
+    the user's repository's .kloop/), run from inside that repository; the worktree is deleted while
+    the gate runs. The restore after the verdict raises and the user's files are all there."""
+    from agent.gate import Verdict
+    from agent.policies.base import Budget
+    from agent.session import Session
+
+    monkeypatch.delenv("KLOOP_RUNS", raising=False)
+    root = tmp_path / "user"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "kernels" / "matmul_cpu", root / "kernels" / "matmul_cpu",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    git(root, "init", "-q", "-b", "main")
+    git(root, "config", "user.name", "Test User")
+    git(root, "config", "user.email", "test@example.com")
+    (root / ".gitignore").write_text("*.o\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "task")
+    (root / "notes.txt").write_text("untracked notes\n")
+    (root / "build.o").write_text("ignored build output\n")
+    monkeypatch.chdir(root / "kernels")
+
+    s = Session.start(root / "kernels" / "matmul_cpu", "test", Budget())
+    assert s.ws.path.is_relative_to(root / ".kloop" / "runs")  # the default layout
+    s.best_build = object()  # skip the baseline: no build needed to show the point
+
+    def gate_while_the_worktree_vanishes(candidate, best):
+        shutil.rmtree(s.ws.path)
+        return Verdict(accepted=False, stage="check", reason="wrong results")
+
+    monkeypatch.setattr(s.gate, "evaluate", gate_while_the_worktree_vanishes)
+    (s.ws.task_path / "matmul.cpp").write_text("// the candidate\n")
+    before, index = snapshot(root), user_index(root)
+    with pytest.raises(WorkspaceError, match="refusing to restore: the session worktree .* does not exist"):
+        s.submit("A candidate", "")
+    assert snapshot(root) == before and user_index(root) == index
+    assert (root / "notes.txt").is_file() and (root / "build.o").is_file()
+    assert git(root, "status", "--porcelain", "--untracked-files=all").split() == ["??", "notes.txt"]
+    assert git(root, "symbolic-ref", "HEAD").strip() == "refs/heads/main"
+    s.close()
