@@ -28,7 +28,6 @@ from tools.base import ToolBox
 from tools.build import BuildResult
 
 
-
 class SessionError(Exception):
     pass
 
@@ -375,4 +374,3 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.4f}ms"
-

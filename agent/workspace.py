@@ -11,6 +11,11 @@ Rules this module keeps (the user must never be surprised):
   pre-commit hook must not decide whether an accepted change lands, nor rewrite it.
 * Everything the session does to files happens in the worktree, a separate folder given by the
   caller (`worktrees_root/<run-id>`).
+* Git runs only where it is told: every command names its repository (`git -C <absolute dir>`,
+  started from `/`, no GIT_DIR/GIT_WORK_TREE from the environment, no search above the named
+  folder), and every command that changes files, the index or the branch first checks that the
+  worktree exists, is a worktree of the user's repository and is on `kloop/<run-id>`
+  (`Workspace.verify`); otherwise WorkspaceError, and nothing is done. All of kloop's git is here.
 
 Text that comes out of git (diffs) is decoded as UTF-8 with `surrogateescape`, so a patch of a
 file in another encoding survives the round trip `diff()` -> `apply_patch()` byte for byte;
