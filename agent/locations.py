@@ -93,13 +93,14 @@ def task_repo_for(task_dir: Path, runs_root: Path) -> Path:
     if not is_shipped_task(task_dir):
         return task_dir
     from agent import __version__
-    from agent.workspace import commit_all, init_repo, is_clean
+    from agent.workspace import commit_all, ensure_excluded, init_repo, is_clean
 
     repo = Path(runs_root).resolve() / SHIPPED_TASKS_REPOS / task_dir.name
     fresh = not (repo / ".git").exists()
     if fresh:
         repo.mkdir(parents=True, exist_ok=True)
         init_repo(repo)
+        ensure_excluded(repo, "__pycache__/")  # a spec imported from here must not make the task dirty
     if fresh or (is_clean(repo) and not _same_files(task_dir, repo)):
         for child in repo.iterdir():  # replace the task's files, keep the repository
             if child.name != ".git":

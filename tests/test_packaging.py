@@ -93,6 +93,9 @@ def test_shipped_task_gets_a_repository_of_its_own(tmp_path: Path, monkeypatch):
     assert repo == (runs / "_tasks" / "demo").resolve()
     assert git(repo, "ls-files").split() == ["task.toml"]
     first = git(repo, "rev-parse", "HEAD")
+    (repo / "__pycache__").mkdir()
+    (repo / "__pycache__" / "spec.cpython-311.pyc").write_bytes(b"\0")  # a spec imported from the copy
+    assert git(repo, "status", "--porcelain") == ""
     assert task_repo_for(shipped / "demo", runs) == repo and git(repo, "rev-parse", "HEAD") == first  # reused
     (shipped / "demo" / "task.toml").write_text('name = "demo"\n# v2\n')  # kloop ships a newer version
     task_repo_for(shipped / "demo", runs)
