@@ -390,7 +390,6 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
 
     run_dir = resolve_run(run, runs_dir)
     recorded_info = RunRecord.open(run_dir).info
-    policy = make_policy(recorded_info.policy, model or (recorded_info.config or {}).get("model"), None)  # before any repair
     recorded = Budget(**((recorded_info.config or {}).get("budget") or {}))
     flags = {"max_turns": max_turns, "max_cost_usd": max_cost, "max_hours": max_hours, "max_attempts": max_attempts}
     budget = None if all(v is None for v in flags.values()) else Budget(
@@ -400,6 +399,11 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
     except (RunLocked, WorkspaceError) as exc:
         fail(str(exc))
     info = session.record.info
+    try:  # after the lock: a run held by a live process is refused first, whatever its policy
+        policy = make_policy(info.policy, model or (info.config or {}).get("model"), None)
+    except typer.Exit:
+        session.close()
+        raise
     if policy.name == "claude":
         from tools.agent_tools import session_toolbox
 
