@@ -184,3 +184,25 @@ def test_worker_scratch_is_named_after_its_owner_and_the_request_is_private(tmp_
     assert Path(path).parent.name.startswith(f"{SCRATCH_PREFIX}{os.getpid()}-")
     assert not Path(path).parent.exists()  # removed when the worker is done
     assert Path(tempfile.gettempdir()) == Path(path).parent.parent
+
+
+def test_stage_status_is_never_silent_off_a_terminal():
+    """Piped output: a line when a stage starts, then one every heartbeat with the elapsed time."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from agent.report import StageStatus
+
+    out = io.StringIO()
+    status = StageStatus(Console(file=out, force_terminal=False, width=120), heartbeat_s=0.3)
+    status.start("attempt 3: check")
+    time.sleep(1.6)
+    elapsed = status.stop()
+    text = out.getvalue()
+    assert text.startswith("  attempt 3: check ...\n")
+    assert "attempt 3: check ... still running (" in text and elapsed >= 1.5
+    lines = len(text.splitlines())
+    time.sleep(0.8)
+    assert len(out.getvalue().splitlines()) == lines  # stopped: no more lines

@@ -176,6 +176,7 @@ def test_ctrl_c_twice_stops_now_and_resume_continues_from_the_record(tmp_path):
     log.seek(0)
     out = log.read()
     assert "Traceback" not in out, out
+    assert "attempt 1: build ..." in out and "attempt 1: check ..." in out  # the gate's stages, live
     assert workers_of(proc.pid) == []  # the hanging worker was killed with the session
     events = RunRecord.open(run_dir).events()
     verdicts = [e for e in events if e.kind == "verdict"]
