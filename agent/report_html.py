@@ -348,9 +348,9 @@ def render_compare(views: list[RunView]) -> str:
     return render_page("kloop compare " + " vs ".join(v.run_id for v in views), render_compare_body(views))
 
 
-def render_index(runs: list, links: bool = True) -> str:
-    """The list of runs (kloop serve's home page body)."""
-    return _env().get_template("runs_body.html.j2").render(runs=runs, links=links)
+def render_index(runs: list, root: str = "", links: bool = True) -> str:
+    """The list of runs (`RunRow`s; kloop serve's home page body)."""
+    return _env().get_template("runs_body.html.j2").render(runs=runs, root=root, links=links)
 
 
 def compare_rows(views: list[RunView]) -> list[dict]:

@@ -350,3 +350,45 @@ def kernel_deltas(attempt: AttemptView, best: list[KernelFigures]) -> list[Kerne
             rows += [(f"SASS {m}", k.sass_memory.get(m, 0), (b.sass_memory.get(m, 0) if b else None)) for m in mem]
         out.append(KernelDelta(k.name, rows))
     return out
+
+
+# ---- the list of runs ---------------------------------------------------------------------------
+
+@dataclass
+class RunRow:
+    """One line of `kloop serve`'s run list: the record's summary plus the compounded speedup and device."""
+
+    summary: rec.RunSummary
+    device: str = ""
+    speedup: float | None = None  # compounded over accepted attempts (what the report calls "over the baseline")
+    pending: int | None = None  # the attempt being judged, if any
+
+
+def run_rows(runs_root: Path) -> list[RunRow]:
+    """Newest first."""
+    rows = []
+    for s in reversed(rec.list_runs(runs_root)):
+        row = RunRow(s)
+        if s.error is None:
+            try:
+                record = rec.RunRecord.open(Path(runs_root) / s.run_id)
+                events, _ = record.read()
+            except rec.RecordError as exc:
+                s.error = str(exc)
+                rows.append(row)
+                continue
+            device = record.info.machine or {}
+            row.device = device.get("name") or record.info.gpu or ""
+            level, judged, open_attempt = 1.0, set(), None
+            for ev in events:
+                if isinstance(ev, rec.Verdict):
+                    judged.add(ev.attempt)
+                    sp = ev.figures.get("speedup")
+                    if ev.accepted and isinstance(sp, (int, float)):
+                        level *= sp
+                elif isinstance(ev, rec.AttemptStarted):
+                    open_attempt = ev.attempt
+            row.speedup = level if s.accepted else None
+            row.pending = open_attempt if open_attempt is not None and open_attempt not in judged and not s.ended else None
+        rows.append(row)
+    return rows

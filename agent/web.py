@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from agent import records as rec
 from agent.report_html import plotly_js, render_body, render_compare_body, render_index, render_page, render_report
-from agent.run_view import load_view
+from agent.run_view import load_view, run_rows
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 COOKIE = "kloop_token"
@@ -106,21 +106,23 @@ def create_app(runs_root: Path, token: str | None = None) -> Starlette:
                                 plotly_src="../static/plotly.min.js", csp=CSP_LIVE), 404)
 
     def index(request: Request) -> Response:
-        body = render_index(rec.list_runs(root))
+        body = render_index(run_rows(root), str(root))
         page = render_page(f"kloop runs in {root}", body, plotly_src="static/plotly.min.js", csp=CSP_LIVE)
         return html(page.replace("</body>", INDEX_REFRESH + "</body>"))
 
     def index_body(request: Request) -> Response:
-        return html(render_index(rec.list_runs(root)))
+        return html(render_index(run_rows(root), str(root)))
 
     def run_page(request: Request) -> Response:
         try:
             d = run_dir(request)
+            stamp = _stamp(d / rec.EVENTS)  # before reading: a change after it is announced by the stream
             view = load_view(d)
         except (LookupError, rec.RecordError) as exc:
             return not_found(str(exc))
         name = quote(view.run_id)
-        live = {"home": "../", "body_url": f"{name}/body", "stream_url": f"{name}/stream", "report": f"{name}/report.html"}
+        live = {"home": "../", "body_url": f"{name}/body", "stream_url": f"{name}/stream", "report": f"{name}/report.html",
+                "stamp": stamp}
         return html(render_page(f"kloop {view.run_id}", render_body(view), plotly_src="../static/plotly.min.js",
                                 live=live, csp=CSP_LIVE))
 

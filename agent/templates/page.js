@@ -33,8 +33,9 @@ function kloopBind(root) {
   });
 }
 function kloopInit() { var b = document.getElementById("body"); kloopPlots(b); kloopBind(b); }
-function kloopLive(bodyUrl, streamUrl) {
-  var state = document.getElementById("live-state"), last = null, busy = false, again = false;
+function kloopLive(bodyUrl, streamUrl, stamp) {
+  // `stamp`: the record as the page was rendered; any other stamp from the stream means new events
+  var state = document.getElementById("live-state"), last = stamp, busy = false, again = false;
   function refresh() {
     if (busy) { again = true; return; }
     busy = true;
@@ -54,7 +55,7 @@ function kloopLive(bodyUrl, streamUrl) {
   es.addEventListener("record", function (ev) {
     var d = JSON.parse(ev.data);
     state.textContent = "live: " + d.events + " events" + (d.ended ? " (session ended)" : "");
-    if (last !== null && d.stamp !== last) refresh();
+    if (d.stamp !== last) refresh();
     last = d.stamp;
   });
   es.onerror = function () { state.textContent = "live: reconnecting…"; };
