@@ -161,19 +161,20 @@ class RunView:
 def _kernels(figures: dict) -> list[KernelFigures]:
     build = figures.get("build") or {}
     sass = figures.get("sass") or {}
-    out = []
+    out, used = [], set()
     for k in build.get("kernels") or []:
         name = k.get("name") or k.get("mangled") or "?"
-        s = sass.get(name) or sass.get(k.get("mangled", "")) or {}
+        key = next((x for x in (k.get("mangled"), name) if x in sass), None)  # the gate keys SASS by mangled name
+        used.add(key)
+        s = sass.get(key) or {}
         out.append(KernelFigures(
             name=name, registers=k.get("registers"), spill_store=k.get("spill_store_bytes", 0) or 0,
             spill_load=k.get("spill_load_bytes", 0) or 0, smem=k.get("smem_bytes", 0) or 0, stack=k.get("stack_bytes", 0) or 0,
             sass_total=s.get("total"), sass_families=dict(s.get("families") or {}), sass_memory=dict(s.get("memory") or {}),
         ))
-    known = {k.name for k in out}
-    for name, s in sass.items():  # SASS of a kernel ptxas did not list (should not happen; shown anyway)
-        if name not in known and isinstance(s, dict):
-            out.append(KernelFigures(name=name, sass_total=s.get("total"), sass_families=dict(s.get("families") or {}),
+    for key, s in sass.items():  # SASS of a kernel ptxas did not list (should not happen; shown anyway)
+        if key not in used and isinstance(s, dict):
+            out.append(KernelFigures(name=s.get("kernel") or key, sass_total=s.get("total"), sass_families=dict(s.get("families") or {}),
                                      sass_memory=dict(s.get("memory") or {})))
     return out
 
