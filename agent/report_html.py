@@ -225,9 +225,22 @@ def fig_roofline(view: RunView) -> go.Figure | None:
                                  marker=dict(color=color, symbol=symbol, size=10 if g == "best" else 8),
                                  text=[f"{p[4]}<br>{p[3] / 1e12:.3f} TFLOP/s at {p[2]:.3g} FLOP/B" for p in gp],
                                  hovertemplate="%{text}<extra></extra>"))
-    fig.update_layout(_layout(height=300, xaxis=_axis(title="arithmetic intensity (FLOP/byte)", type="log", range=[math.log10(lo), math.log10(hi)]),
-                              yaxis=_axis(title="TFLOP/s", type="log"), hovermode="closest"))
+    ys = [p[3] / 1e12 for p in pts] + ([view.peak_flops / 1e12] if view.peak_flops else [])
+    ylo, yhi = min(ys) / 2, max(ys) * 2
+    fig.update_layout(_layout(height=300, hovermode="closest",
+                              xaxis=_axis(title="arithmetic intensity (FLOP/byte)", type="log", range=[math.log10(lo), math.log10(hi)],
+                                          **_log_ticks(lo, hi)),
+                              yaxis=_axis(title="TFLOP/s", type="log", range=[math.log10(ylo), math.log10(yhi)], **_log_ticks(ylo, yhi))))
     return fig
+
+
+def _log_ticks(lo: float, hi: float) -> dict:
+    """Ticks at 1, 2, 5 x 10^k within [lo, hi], labelled in full (Plotly's default labels minor ticks '2', '5')."""
+    vals = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1) for m in (1, 2, 5)]
+    vals = [v for v in vals if lo <= v <= hi]
+    if len(vals) > 9:
+        vals = [v for v in vals if f"{v:g}".lstrip("0.").startswith("1")]
+    return {"tickvals": vals, "ticktext": [f"{v:g}" for v in vals]}
 
 
 def fig_compare(views: list[RunView]) -> go.Figure:

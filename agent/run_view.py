@@ -266,6 +266,8 @@ def load_view(run_dir: Path) -> RunView:
         elif isinstance(ev, rec.SessionStarted):
             state = "running"
     attempts = [by_no[k] for k in sorted(by_no)]
+    if state == "running" and attempts and attempts[-1].verdict == "pending":
+        state = f"running: the gate is judging attempt {attempts[-1].number}"
     level = 1.0
     for a in attempts:  # the staircase: accepted speedups compound
         if a.verdict == "accepted" and a.speedup:
@@ -359,6 +361,7 @@ def kernel_deltas(attempt: AttemptView, best: list[KernelFigures]) -> list[Kerne
 class RunRow:
     """One line of `kloop serve`'s run list: the record's summary plus the compounded speedup and device."""
 
+    name: str  # the run's folder (what URLs name)
     summary: rec.RunSummary
     device: str = ""
     speedup: float | None = None  # compounded over accepted attempts (what the report calls "over the baseline")
@@ -366,30 +369,33 @@ class RunRow:
 
 
 def run_rows(runs_root: Path) -> list[RunRow]:
-    """Newest first."""
+    """The run folders under `runs_root` (those holding a run.json), newest first."""
+    root = Path(runs_root)
+    dirs = sorted((p for p in root.iterdir() if p.is_dir() and (p / rec.RUN_JSON).is_file()), reverse=True) if root.is_dir() else []
     rows = []
-    for s in reversed(rec.list_runs(runs_root)):
-        row = RunRow(s)
-        if s.error is None:
-            try:
-                record = rec.RunRecord.open(Path(runs_root) / s.run_id)
-                events, _ = record.read()
-            except rec.RecordError as exc:
-                s.error = str(exc)
-                rows.append(row)
-                continue
-            device = record.info.machine or {}
-            row.device = device.get("name") or record.info.gpu or ""
-            level, judged, open_attempt = 1.0, set(), None
-            for ev in events:
-                if isinstance(ev, rec.Verdict):
-                    judged.add(ev.attempt)
-                    sp = ev.figures.get("speedup")
-                    if ev.accepted and isinstance(sp, (int, float)):
-                        level *= sp
-                elif isinstance(ev, rec.AttemptStarted):
-                    open_attempt = ev.attempt
-            row.speedup = level if s.accepted else None
-            row.pending = open_attempt if open_attempt is not None and open_attempt not in judged and not s.ended else None
+    for d in dirs:
+        try:
+            record = rec.RunRecord.open(d)
+        except rec.RecordError as exc:
+            rows.append(RunRow(d.name, rec.RunSummary(run_id=d.name, error=str(exc))))
+            continue
+        s = rec.summarize(record)
+        row = RunRow(d.name, s)
         rows.append(row)
+        if s.error is not None:
+            continue
+        events, _ = record.read()
+        device = record.info.machine or {}
+        row.device = device.get("name") or record.info.gpu or ""
+        level, judged, open_attempt = 1.0, set(), None
+        for ev in events:
+            if isinstance(ev, rec.Verdict):
+                judged.add(ev.attempt)
+                sp = ev.figures.get("speedup")
+                if ev.accepted and isinstance(sp, (int, float)):
+                    level *= sp
+            elif isinstance(ev, rec.AttemptStarted):
+                open_attempt = ev.attempt
+        row.speedup = level if s.accepted else None
+        row.pending = open_attempt if open_attempt is not None and open_attempt not in judged and not s.ended else None
     return rows

@@ -38,9 +38,11 @@ CHROMIUM = os.environ.get("KLOOP_CHROMIUM") or shutil.which("chromium") or "/usr
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
+NO_BROWSER = f"no Chromium at {CHROMIUM}: apt-get install chromium (CI installs it in .ci/run)"
+REQUIRED = os.environ.get("KLOOP_REQUIRE_BROWSER") == "1"  # set by .ci/run: there, a missing browser is a failure
+
 pytestmark = pytest.mark.slow
-needs_browser = pytest.mark.skipif(not Path(CHROMIUM).is_file(),
-                                   reason=f"no Chromium at {CHROMIUM}: apt-get install chromium (CI installs it in .ci/run)")
+needs_browser = pytest.mark.skipif(not Path(CHROMIUM).is_file() and not REQUIRED, reason=NO_BROWSER)
 
 
 # ---- records ------------------------------------------------------------------------------------
@@ -80,8 +82,11 @@ def expected_points(run_dir: Path) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).is_file():
-        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium (CI installs it in .ci/run)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the [test] extra)")
+        (pytest.fail if REQUIRED else pytest.skip)(NO_BROWSER)
+    if REQUIRED:
+        import playwright.sync_api as sync_api
+    else:
+        sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the [test] extra)")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
