@@ -9,7 +9,7 @@
 
 Only GET routes; the app reads run.json, events.jsonl, patches and notes.md, never the session's
 worktree or process (the record is written ahead, so it is the live state). It binds 127.0.0.1 by
-default; on any other address it requires a token (`?token=` once, then a SameSite cookie, or an
+default (and then answers only to loopback Host names: no DNS rebinding); on any other address it requires a token (`?token=` once, then a SameSite cookie, or an
 `Authorization: Bearer` header), compared in constant time.
 """
 
@@ -73,7 +73,7 @@ class TokenGate:
         if given is not None and secrets.compare_digest(given.encode(), self.token.encode()):
             # set the cookie and drop the token from the address bar (and from any later Referer)
             params = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            target = request.url.path + ("?" + "&".join(f"{quote(k)}={quote(v)}" for k, v in params) if params else "")
+            target = "/" + request.url.path.lstrip("/") + ("?" + "&".join(f"{quote(k)}={quote(v)}" for k, v in params) if params else "")
             resp = RedirectResponse(target, status_code=303)
             resp.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
             return await resp(scope, receive, send)
@@ -87,8 +87,25 @@ class TokenGate:
         return await resp(scope, receive, send)
 
 
+class LoopbackHostOnly:
+    """ASGI middleware for a loopback-bound server: refuse requests whose Host is not a loopback name,
+    so a web page cannot read the runs through DNS rebinding."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            host = Request(scope).headers.get("host", "")
+            name = host[1:host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0]
+            if not is_loopback(name):
+                return await PlainTextResponse(f"kloop serve answers only to a loopback host name, not {host!r}\n",
+                                               status_code=421)(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
 def create_app(runs_root: Path, token: str | None = None) -> Starlette:
-    """The app over `runs_root`; with `token`, every request must carry it."""
+    """The app over `runs_root`; with `token`, every request must carry it; without, only loopback Host names are served."""
     root = Path(runs_root)
 
     def run_dir(request: Request) -> Path:
@@ -185,7 +202,7 @@ def create_app(runs_root: Path, token: str | None = None) -> Starlette:
         Route("/runs/{run_id}", run_page), Route("/runs/{run_id}/body", run_body),
         Route("/runs/{run_id}/stream", stream), Route("/runs/{run_id}/report.html", run_report),
     ]
-    middleware = [Middleware(TokenGate, token=token)] if token else []
+    middleware = [Middleware(TokenGate, token=token)] if token else [Middleware(LoopbackHostOnly)]
     return Starlette(routes=routes, middleware=middleware)
 
 
