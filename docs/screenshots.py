@@ -69,7 +69,7 @@ def main() -> None:
                 page = b.new_page(viewport={"width": 1280, "height": 1200})
                 page.goto(report.as_uri())
                 page.wait_for_timeout(1500)
-                page.screenshot(path=str(DOCS / "report.png"), clip={"x": 0, "y": 0, "width": 1280, "height": 1180})
+                page.screenshot(path=str(DOCS / "report.png"), full_page=True, clip={"x": 0, "y": 0, "width": 1280, "height": 1420})
                 page.click('tr.attempt[data-n="1"]')
                 page.wait_for_timeout(300)
                 page.locator("table.attempts").screenshot(path=str(DOCS / "report-attempt.png"))

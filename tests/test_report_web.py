@@ -401,3 +401,18 @@ def test_compare_matches_replayed_attempts_by_patch(gpu_run, tmp_path):
     (other / "run.json").write_text(json.dumps(info))
     rows = compare_rows([load_view(gpu_run), load_view(other)])
     assert len(rows) == 5 and all(a is not None and b is not None and a.number == b.number for a, b in (r["cells"] for r in rows))
+
+
+@needs_browser
+def test_report_of_a_record_that_has_just_started(browser, gpu_run, tmp_path):
+    """A session killed before its baseline (a torn last line, no notes) still reports what there is."""
+    run = tmp_path / gpu_run.name
+    shutil.copytree(gpu_run, run)
+    lines = (run / "events.jsonl").read_text().splitlines()
+    (run / "events.jsonl").write_text(lines[0] + "\n" + lines[1][:80])
+    (run / "notes.md").unlink()
+    p = Page(browser).open(write_report(run, tmp_path / "early.html").as_uri())
+    text = p.page.inner_text("#body")
+    assert "incomplete line" in text and "no attempts yet" in text and "no notes" in text
+    assert p.points("progress") == 0 and p.errors == []
+    p.close()
