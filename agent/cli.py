@@ -437,6 +437,78 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
         raise typer.Exit(1)
 
 
+# ---- see a session: report, serve, compare (agent/run_view.py, agent/report_html.py, agent/web.py) ----
+
+@app.command()
+def report(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."),
+           output: Optional[Path] = typer.Option(None, "-o", "--output", help="HTML file to write (default: kloop-<run>.html)."),
+           runs_dir: Optional[Path] = typer.Option(None, help="Runs folder.")) -> None:
+    """One self-contained HTML report of a run: plots, attempts with diffs, notes, transcript."""
+    from agent.records import RecordError
+    from agent.report_html import render_report
+    from agent.run_view import load_view
+
+    try:
+        view = load_view(resolve_run(run, runs_dir))
+    except RecordError as exc:
+        fail(str(exc))
+    out = output or Path(f"kloop-{view.run_id}.html")
+    out.write_text(render_report(view), encoding="utf-8")
+    console.print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; {len(view.attempts)} attempts); open it in a browser", highlight=False)
+
+
+@app.command()
+def serve(runs_dir: Optional[Path] = typer.Option(None, "--runs", "--runs-dir", help="Runs folder to serve."),
+          host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback requires a token."),
+          port: int = typer.Option(8765, help="Port."),
+          token: Optional[str] = typer.Option(None, envvar="KLOOP_SERVE_TOKEN", help="Token for non-loopback hosts (default: a fresh one).")) -> None:
+    """A read-only web app: the runs, each run's report live while its session runs, comparisons."""
+    from agent.web import serve as run_server
+
+    root = _runs_root(runs_dir)
+
+    def ready(h: str, p: int, tok: Optional[str]) -> None:
+        shown = f"[{h}]" if ":" in h else h
+        err_console.print(f"serving {root} at http://{shown}:{p}/" + (f"?token={tok}" if tok else "") + "  (Ctrl-C stops)", highlight=False)
+
+    run_server(root, host=host, port=port, token=token, on_ready=ready)
+
+
+@app.command()
+def compare(run_a: str = typer.Argument(..., help="Run id or folder."), run_b: str = typer.Argument(..., help="Run id or folder."),
+            output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write a self-contained HTML comparison."),
+            runs_dir: Optional[Path] = typer.Option(None, help="Runs folder.")) -> None:
+    """Two runs side by side: where each was measured, each attempt's verdict and speedup, best times."""
+    from agent.records import RecordError
+    from agent.report_html import compare_rows, render_compare
+    from agent.run_view import load_view
+
+    try:
+        views = [load_view(resolve_run(r, runs_dir)) for r in (run_a, run_b)]
+    except RecordError as exc:
+        fail(str(exc))
+    head = Table(title="runs", title_justify="left")
+    head.add_column("")
+    for v in views:
+        head.add_column(v.run_id)
+    for label, get in (("task", lambda v: v.task), ("device", lambda v: v.device + (f", driver {v.driver}" if v.driver else "")),
+                       ("compiler", lambda v: v.compiler or "-"), ("policy", lambda v: v.policy), ("state", lambda v: v.state),
+                       ("result", lambda v: f"x{v.best_speedup:.3f} ({len(v.accepted)}/{len(v.attempts)} accepted)")):
+        head.add_row(label, *[get(v) for v in views])
+    console.print(head)
+    table = Table(title="attempts (matched by identical patch)", title_justify="left")
+    table.add_column("title")
+    for v in views:
+        table.add_column(v.run_id[-24:])
+    for r in compare_rows(views):
+        table.add_row(r["title"], *[(f"#{a.number} {a.verdict}" + (f" x{a.speedup:.4f} [{a.lo:.4f}, {a.hi:.4f}]" if a.speedup else "")
+                                     + (f" ({a.stage})" if a.verdict != "accepted" and a.stage else "")) if a else "-" for a in r["cells"]])
+    console.print(table)
+    if output:
+        output.write_text(render_compare(views), encoding="utf-8")
+        console.print(f"wrote {output}", highlight=False)
+
+
 def main() -> None:  # pragma: no cover
     app()
 
