@@ -169,6 +169,7 @@ class Recorded:
     at: float
     seen: list[dict[str, Any]] | None = None  # the messages after context editing
     applied: list[dict[str, Any]] = field(default_factory=list)  # the context edits applied
+    status: int | None = None  # what the server answered (None: no answer, a dropped connection)
 
 
 THINKING = ("thinking", "redacted_thinking")
@@ -495,6 +496,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = {"_raw": raw.decode("utf-8", "replace")}
         rec = Recorded(self.path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic())
+        self._rec = rec
         auth = rec.headers.get("authorization") or rec.headers.get("x-api-key") or ""
         self._echo = {ECHO: json.dumps(rec.headers), ECHO_AUTH: auth}
         fake = self.server_fake
@@ -544,6 +546,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, data: bytes, headers: dict[str, str]) -> None:
         data = self._fill(data)
+        self._rec.status = status
         self.send_response(status)
         self.send_header("content-length", str(len(data)))
         self.send_header("request-id", f"req_fake_{next(_ids)}")
@@ -574,6 +577,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _sse(self, pieces: Iterable[bytes | None], drip: float, chunk: int | None, stall_after: int | None,
              headers: dict[str, str] | None = None) -> None:
+        self._rec.status = 200
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")

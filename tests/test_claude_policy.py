@@ -584,3 +584,77 @@ def test_fake_rejects_what_the_api_would(fake_api):
                 {"role": "user", "content": "no result"}]
     with pytest.raises(anthropic.BadRequestError, match="need tool_result"):
         client.messages.create(model=MODEL, max_tokens=10, messages=dangling)
+
+
+def test_fake_enforces_the_thinking_block_rules(fake_api):
+    """What the real API refuses with thinking on, the fake refuses too: a regression fails a test."""
+    client = anthropic.Anthropic(api_key=KEY, base_url=fake_api.base_url, max_retries=0)
+    a1 = [thinking("plan a", "sig-a"), tool_use("echo", {"text": "1"}, id="toolu_a")]
+    a2 = [thinking("plan b", "sig-b"), text("next"), tool_use("echo", {"text": "2"}, id="toolu_b")]
+    fake_api.add(Reply(a1, stop_reason="tool_use"), Reply(a2, stop_reason="tool_use"), *[Reply([text("ok")])] * 6)
+    system = [{"type": "text", "text": "rules"}]
+
+    def send(messages: list[dict[str, Any]], system: list[dict[str, Any]] = system) -> Any:
+        return client.messages.create(model=MODEL, max_tokens=10, system=system, messages=messages,
+                                      thinking={"type": "adaptive"})
+
+    def result(uid: str, content: str) -> dict[str, Any]:
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uid, "content": content}]}
+
+    m0 = {"role": "user", "content": [text("brief")]}
+    send([m0])
+    send([m0, {"role": "assistant", "content": a1}, result("toolu_a", "r1")])
+    good = [m0, {"role": "assistant", "content": a1}, result("toolu_a", "r1"), {"role": "assistant", "content": a2},
+            result("toolu_b", "r2")]
+    send([{**m, "content": [{**b, "cache_control": {"type": "ephemeral"}} for b in m["content"]]}
+          if m["role"] == "user" else m for m in good])  # moving cache breakpoints is no change
+    bad = {
+        "bound to a different conversation": [*good[:2], result("toolu_a", "[cleared]"), *good[3:]],  # edited in place
+        "Invalid `signature`": [m0, {"role": "assistant", "content": [thinking("plan A", "sig-a"), a1[1]]}, *good[2:]],
+        "must start with a thinking block": [*good[:3], {"role": "assistant", "content": a2[1:]}, good[4]],
+    }
+    for words, messages in bad.items():
+        with pytest.raises(anthropic.BadRequestError, match=words) as err:
+            send(messages)
+        assert err.value.body["error"]["type"] == "invalid_request_error"  # the API's error shape
+    with pytest.raises(anthropic.BadRequestError, match="bound to a different conversation"):
+        send(good, system=[{"type": "text", "text": "rules, rewritten"}])  # system is in every block's prefix
+    send(good[:3])  # dropping a whole turn at the end is a new request, not an edit: fine
+    assert [r.status for r in fake_api.requests] == [200, 200, 200, 400, 400, 400, 400, 200]
+
+
+def test_fake_checks_context_editing_and_cache_ttls(fake_api):
+    client = anthropic.Anthropic(api_key=KEY, base_url=fake_api.base_url, max_retries=0)
+    fake_api.add(*[Reply([text("ok")])] * 5)
+    msgs = [{"role": "user", "content": "hi"}]
+    edits = {"edits": [{"type": "clear_tool_uses_20250919"}]}
+    with pytest.raises(anthropic.BadRequestError, match="beta header"):
+        client.messages.create(model=MODEL, max_tokens=10, messages=msgs, extra_body={"context_management": edits})
+    reply = client.beta.messages.create(model=MODEL, max_tokens=10, messages=msgs, context_management=edits,
+                                        betas=["context-management-2025-06-27"])
+    assert reply.context_management.applied_edits == []
+    late = {"edits": [{"type": "clear_tool_uses_20250919"}, {"type": "clear_thinking_20251015", "keep": "all"}]}
+    with pytest.raises(anthropic.BadRequestError, match="must be the first"):
+        client.beta.messages.create(model=MODEL, max_tokens=10, messages=msgs, context_management=late,
+                                    betas=["context-management-2025-06-27"])
+    hour, five = {"type": "ephemeral", "ttl": "1h"}, {"type": "ephemeral"}
+    with pytest.raises(anthropic.BadRequestError, match="ttl='1h' cannot come after"):
+        client.messages.create(model=MODEL, max_tokens=10, system=[{"type": "text", "text": "s", "cache_control": five}],
+                               messages=[{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": hour}]}])
+    with pytest.raises(anthropic.BadRequestError, match="disabling thinking"):
+        client.messages.create(model=MODEL, max_tokens=10, messages=msgs, thinking={"type": "disabled"})
+
+
+def test_long_overloads_are_ridden_out_within_retry_hours(setup, monkeypatch):
+    api, ctx, calls, policy, _ = setup
+    p = ClaudePolicy(model=MODEL, retry_hours=6, max_retry_wait_s=900)
+    made = p._client()  # the client a long unattended run gets
+    assert (made.max_retries, made.max_total_wait, made.max_delay) == (None, 6 * 3600, 900)
+    waits: list[float] = []
+    client = LLMClient(MODEL, api_key=KEY, base_url=api.base_url, max_retries=None, max_total_wait=6 * 3600,
+                       max_delay=900, sleep=waits.append)  # waits recorded, not slept
+    api.add(*[Fault(529)] * 20, *done())  # more than the default 8 retries
+    assert ClaudePolicy(model=MODEL, max_tokens=4096, client=client).run(ctx) == "end_turn"
+    assert len(waits) == 20 and max(waits) <= 900 and sum(waits) <= 6 * 3600
+    assert waits[12] > waits[2]  # exponential, with jitter, capped per wait
+    assert [e["attempt"] for e in ctx.events("llm_retry")] == list(range(1, 21))

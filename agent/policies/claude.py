@@ -175,7 +175,7 @@ class ClaudePolicy:
         """What the run record keeps of this policy's configuration (run.json's config)."""
         return {"model": self.model, "max_tokens": self.max_tokens, "effort": self.effort, "thinking": self.thinking,
                 "context_limit": self.context_limit, "keep_tool_results": self.keep_tool_results,
-                "retry_hours": self.retry_hours}
+                "retry_hours": self.retry_hours, "max_retry_wait_s": self.max_retry_wait_s}
 
     def _client(self) -> LLMClient:
         if self.client is not None:
@@ -248,17 +248,17 @@ class ClaudePolicy:
                                  f"${spent:.4f} spent", data={"source": "llm", "worst_usd": round(worst, 6),
                                                               "input_estimate": estimate, "spent_usd": round(spent, 6)})
                 return end("max_cost")
-            turn += 1
 
             def retried(attempt: int, wait: float, error: str) -> None:
-                log("llm_retry", turn=turn, attempt=attempt, wait_s=round(wait, 3), error=error)
+                log("llm_retry", turn=turn + 1, attempt=attempt, wait_s=round(wait, 3), error=error)
 
             try:
                 t = client.stream_turn(system, tools, messages, self.max_tokens, on_retry=retried, prefix_ttl=ttl,
                                        newest_ttl=ttl, context_management=self._context_management(tool_names, urgent),
                                        **extra)
             except LLMError as exc:
-                return end(f"api_error: {exc}")
+                return end(f"api_error: {exc}")  # `turn` counts the turns that happened
+            turn += 1
             last, seen = t.usage, len(messages)
             last_cost = cost_usd(self.model, t.usage)  # billed as the model asked for; the reply's model is logged
             spent += last_cost
