@@ -42,15 +42,17 @@ memory) is a new block at the end. Nothing already sent is ever edited here:
 Caching: breakpoints on tools, system, briefing and the newest message (see `agent.llm`). A turn
 whose tool calls (a gate, a sweep, a profile) outlast the 5-minute cache makes the next request
 rewrite the whole conversation; so once a tool round of the last `LONG_ROUNDS` took longer than
-`long_tool_s`, breakpoints use the 1-hour TTL (written at 2x input instead of 1.25x, which pays for
-itself if the next turn comes after 5 minutes more often than not). Short rounds keep 5 minutes.
+`long_tool_s`, breakpoints use the 1-hour TTL (written at 2x input instead of 1.25x: it pays when
+the next turn comes after 5 minutes more than 3 times in 5, and long tool calls come in runs: a
+sweep, then a profile, then submits). Short rounds keep 5 minutes, the cheaper write.
 
 Budgets survive `resume`: turns and cost already spent are summed from the record's `llm_turn`
-events (`ctx.events()`), attempts are the session's own. Before each request its worst case (an
-estimate of its input tokens, all written to the cache at the rate of the TTL used, plus `max_tokens` of
-output; never less than the last turn's cost) must fit in what is left of `max_cost_usd`; else the
-request is not sent ('max_cost').
-The model of each turn is in its `llm_turn` event.
+events (`ctx.events()`; a context without it starts from zero), attempts are the session's own. A
+resumed session starts a new conversation (briefing plus memory): no thinking block of the old one
+is sent again. Before each request its worst case (an estimate of its input tokens, all written to
+the cache at the rate of the TTL used, plus `max_tokens` of output; never less than the last turn's
+cost) must fit in what is left of `max_cost_usd`; else the request is not sent ('max_cost'). The
+model of each turn is in its `llm_turn` event.
 """
 
 from __future__ import annotations
