@@ -74,10 +74,10 @@ class Price:
     context_window: int = 200_000
     max_output: int = 64_000
     thinking: str = "adaptive"  # "always": adaptive and cannot be disabled; "adaptive"; "extended" (budget_tokens)
-    long: "Price | None" = None
+    long: Price | None = None
     long_above: int = 0
 
-    def band(self, prompt_tokens: int) -> "Price":
+    def band(self, prompt_tokens: int) -> Price:
         return self.long if self.long is not None and prompt_tokens > self.long_above else self
 
 
@@ -86,8 +86,10 @@ class Price:
 # overview, "Pricing" / "Capabilities": context window, max output, thinking): Fable 5.2 $8/$40, writes
 # $10/$16, reads $0.20; Opus 5.5 $4/$20, $5/$8, $0.20, thinking always on, default effort medium; Sonnet
 # 5.5 $2/$10 with cache reads at $0.10 since 2026-10-07; Haiku 5.5 $0.10/$0.50 up to a 100k-token prompt,
-# $0.50/$2.50 above. Prices change: a model missing here is refused (see `price_for`) rather than priced
-# at zero, since the cost budget depends on it.
+# $0.50/$2.50 above (the Sonnet and Haiku 5.5 rows as pricing trackers read the live page in October
+# 2026; the corpus's overview snapshot still shows Sonnet 5.5 reads at $0.20). Mythos shares Fable's
+# prices (Fable 5 overview). Prices change: a model missing here is refused (see `price_for`) rather
+# than priced at zero, since the cost budget depends on it.
 _M = 1_000_000
 _HAIKU_5_5_LONG = Price(0.50, 2.50, 0.625, 1.00, 0.05, _M, 128_000)
 PRICES: dict[str, Price] = {
@@ -137,11 +139,6 @@ class Usage:
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values())))
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Usage:
-        """A usage as `as_dict` wrote it (in the run record); unknown or bad counts are 0."""
-        return cls(**{k: int(v) for k, v in d.items() if k in cls.__dataclass_fields__ and isinstance(v, int) and v >= 0})
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
