@@ -57,6 +57,7 @@ DEFAULT_MODEL = "claude-opus-5-5"
 EPHEMERAL = {"type": "ephemeral"}  # 5-minute cache, the default TTL
 EPHEMERAL_1H = {"type": "ephemeral", "ttl": "1h"}  # written at 2x input instead of 1.25x, lives an hour
 CONTEXT_MANAGEMENT_BETA = "context-management-2025-06-27"  # the beta header context editing needs
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"  # thinking between tool calls, budget mode
 EFFORTS = ("low", "medium", "high", "xhigh", "max")  # output_config.effort
 
 
@@ -179,12 +180,15 @@ def estimate_tokens(value: Any) -> int:
     return int(len(text) / CHARS_PER_TOKEN) + 1
 
 
-def worst_case_cost(model: str, input_tokens: int, max_tokens: int, ttl: str = "1h") -> float:
-    """The most one request can cost: every input token written to the cache with `ttl` (the
-    dearest input rate it can meet) and `max_tokens` of output."""
+def worst_case_cost(model: str, input_tokens: int, max_tokens: int, ttl: str = "1h", hour_tokens: int = 0) -> float:
+    """The most one request can cost: every input token written to the cache (the dearest input
+    rate it can meet), the first `hour_tokens` of them with the 1-hour TTL and the rest with `ttl`,
+    and `max_tokens` of output."""
     p = price_for(model).band(input_tokens)
     rate = max(p.input, p.cache_write, p.cache_write_1h if ttl == "1h" else 0.0)
-    return (input_tokens * rate + max_tokens * p.output) / 1_000_000
+    hour = min(hour_tokens, input_tokens)
+    hour_rate = max(p.input, p.cache_write, p.cache_write_1h)
+    return (hour * hour_rate + (input_tokens - hour) * rate + max_tokens * p.output) / 1_000_000
 
 
 def cost_usd(model: str, usage: Usage) -> float:
@@ -367,9 +371,12 @@ class LLMClient:
 
     def _attempt(self, params: dict[str, Any], attempt: int) -> Turn:
         """One request: the response read (an event stream, or a JSON message) and checked."""
-        if params.get("context_management"):  # a beta parameter: the beta endpoint, with its header
+        betas = [CONTEXT_MANAGEMENT_BETA] if params.get("context_management") else []
+        if betas and _dict(params.get("thinking")).get("type") == "enabled":
+            betas.append(INTERLEAVED_THINKING_BETA)  # thinking between tool calls (adaptive has it built in)
+        if betas:  # beta parameters: the beta endpoint, with their headers
             create = self._client.beta.messages.with_streaming_response.create
-            params = {**params, "betas": [CONTEXT_MANAGEMENT_BETA]}
+            params = {**params, "betas": betas}
         else:
             create = self._client.messages.with_streaming_response.create
         with create(**params, stream=True) as response:

@@ -162,12 +162,13 @@ def test_multi_turn_tool_use_conversation(setup):
     assert sent_key(first.headers) == KEY
     assert [t["name"] for t in first.body["tools"]] == ["echo", "slow", "needs_int", "submit"]
     assert first.body["tools"][2]["input_schema"]["required"] == ["n"]
-    # prompt caching: last system block, last tool, the briefing
-    assert first.body["system"][-1]["cache_control"] == {"type": "ephemeral"}
-    assert first.body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
+    # prompt caching: last system block, last tool, the briefing: the fixed prefix, for an hour
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    assert first.body["system"][-1]["cache_control"] == hour
+    assert first.body["tools"][-1]["cache_control"] == hour
     assert "cache_control" not in first.body["tools"][0]
     assert first.body["messages"][0]["content"][-1] == {
-        "type": "text", "text": "Task: make softmax faster on H200.", "cache_control": {"type": "ephemeral"}
+        "type": "text", "text": "Task: make softmax faster on H200.", "cache_control": hour
     }
 
     second = api.requests[1].body
@@ -286,7 +287,8 @@ def test_max_cost_stops_before_a_request_whose_worst_case_would_pass_it(setup):
     assert ctx.events("policy_stop")[0]["cost_usd"] == pytest.approx(0.18)
     (note,) = [n for n in ctx.events("note") if "not sent" in n["text"]]
     assert 0.18 + note["data"]["worst_usd"] > 0.30 and note["data"]["input_estimate"] >= 11_000
-    assert note["data"]["worst_usd"] == pytest.approx((note["data"]["input_estimate"] * 5 + 4096 * 20) / 1e6)
+    est, hour = note["data"]["input_estimate"], note["data"]["hour_tokens"]  # the fixed prefix: 1-hour writes
+    assert 0 < hour < 2_000 and note["data"]["worst_usd"] == pytest.approx((hour * 8 + (est - hour) * 5 + 4096 * 20) / 1e6)
 
 
 def test_a_first_request_that_could_pass_max_cost_is_not_sent(setup):
@@ -519,6 +521,8 @@ def test_thinking_effort_and_max_tokens_are_sent_as_asked(setup):
     body = api.requests[0].body
     assert body["output_config"] == {"effort": "high"} and body["max_tokens"] == 4096
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 2_048}
+    assert api.requests[0].headers["anthropic-beta"].split(",") == ["context-management-2025-06-27",
+                                                                     "interleaved-thinking-2025-05-14"]
     with pytest.raises(ValueError, match="cannot be turned off"):
         policy(thinking="off")  # Opus 5.5 always thinks
     with pytest.raises(ValueError, match="effort"):
@@ -546,8 +550,10 @@ def test_long_tool_rounds_move_the_cache_to_the_1h_ttl(setup):
     assert policy(long_tool_s=0.2).run(ctx) == "end_turn"
     ttl = [(r.body["system"][-1]["cache_control"], last_user(r.body)[-1]["cache_control"]) for r in api.requests[1:]]
     five, hour = {"type": "ephemeral"}, {"type": "ephemeral", "ttl": "1h"}
-    assert ttl[0] == (five, five)  # after a quick round
+    assert ttl[0] == (hour, five)  # after a quick round: the newest breakpoint for 5 minutes
     assert ttl[1] == (hour, hour) and ttl[2] == (hour, hour)  # after the slow one (and while it is recent)
+    assert {_canon(r.body["tools"]) for r in api.requests} == {_canon(api.requests[0].body["tools"])}
+    assert {json.dumps(r.body["tools"]) for r in api.requests} == {json.dumps(api.requests[0].body["tools"])}
 
 
 # -- the key ------------------------------------------------------------------------------------

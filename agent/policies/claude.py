@@ -39,18 +39,21 @@ memory) is a new block at the end. Nothing already sent is ever edited here:
   their results (`clear_tool_inputs` for write_file/edit_file). The run record keeps at most
   `LOG_INPUT` characters of each.
 
-Caching: breakpoints on tools, system, briefing and the newest message (see `agent.llm`). A turn
-whose tool calls (a gate, a sweep, a profile) outlast the 5-minute cache makes the next request
-rewrite the whole conversation; so once a tool round of the last `LONG_ROUNDS` took longer than
-`long_tool_s`, breakpoints use the 1-hour TTL (written at 2x input instead of 1.25x: it pays when
-the next turn comes after 5 minutes more than 3 times in 5, and long tool calls come in runs: a
-sweep, then a profile, then submits). Short rounds keep 5 minutes, the cheaper write.
+Caching: breakpoints on tools, system, briefing and the newest message (see `agent.llm`). The
+fixed prefix (tools, system, briefing) always has the 1-hour TTL: it is written once (at 2x input
+instead of 1.25x, a few cents) and read all session long, across any long tool call, and its bytes,
+cache_control included, never change. A turn whose tool calls (a gate, a sweep, a profile) outlast
+the 5-minute cache makes the next request rewrite the whole conversation; so once a tool round of
+the last `LONG_ROUNDS` took longer than `long_tool_s`, the newest breakpoint uses the 1-hour TTL too
+(it pays when the next turn comes after 5 minutes more than 3 times in 5, and long tool calls come
+in runs: a sweep, a profile, submits). Short rounds keep 5 minutes there, the cheaper write. (The
+API wants no 1-hour breakpoint after a 5-minute one: the prefix comes first.)
 
 Budgets survive `resume`: turns and cost already spent are summed from the record's `llm_turn`
 events (`ctx.events()`; a context without it starts from zero), attempts are the session's own. A
 resumed session starts a new conversation (briefing plus memory): no thinking block of the old one
 is sent again. Before each request its worst case (an estimate of its input tokens, all written to
-the cache at the rate of the TTL used, plus `max_tokens` of output; never less than the last turn's
+the cache at the rate of their TTL, plus `max_tokens` of output; never less than the last turn's
 cost) must fit in what is left of `max_cost_usd`; else the request is not sent ('max_cost'). The
 model of each turn is in its `llm_turn` event.
 """
@@ -209,6 +212,7 @@ class ClaudePolicy:
         system, tools = ctx.system_prompt(), ctx.toolbox.schemas()  # built once: the prefix never changes
         tool_names = [t["name"] for t in tools]
         messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": ctx.briefing()}]}]
+        fixed = estimate_tokens(system) + estimate_tokens(tools) + estimate_tokens(messages)  # the 1-hour prefix
         before = spent_so_far(ctx)
         turn, spent = before.turns, before.cost_usd
         idle, stalled = 0, 0
@@ -242,20 +246,21 @@ class ClaudePolicy:
             estimate = (last.total_input + last.output_tokens + estimate_tokens(messages[seen:]) if last else
                         estimate_tokens(system) + estimate_tokens(tools) + estimate_tokens(messages))
             # and never less than the last turn cost (an estimate is only as good as its inputs)
-            worst = max(worst_case_cost(self.model, estimate, self.max_tokens, ttl), last_cost)
+            worst = max(worst_case_cost(self.model, estimate, self.max_tokens, ttl, fixed), last_cost)
             budget = ctx.budget.max_cost_usd
             if budget is not None and spent + worst > budget:
                 log("note", text=f"not sent: the next request could cost up to ${worst:.4f} (about {estimate} input "
                                  f"tokens and {self.max_tokens} output), past the ${budget:.2f} budget with "
                                  f"${spent:.4f} spent", data={"source": "llm", "worst_usd": round(worst, 6),
-                                                              "input_estimate": estimate, "spent_usd": round(spent, 6)})
+                                                              "input_estimate": estimate, "hour_tokens": fixed,
+                                                              "spent_usd": round(spent, 6)})
                 return end("max_cost")
 
             def retried(attempt: int, wait: float, error: str) -> None:
                 log("llm_retry", turn=turn + 1, attempt=attempt, wait_s=round(wait, 3), error=error)
 
             try:
-                t = client.stream_turn(system, tools, messages, self.max_tokens, on_retry=retried, prefix_ttl=ttl,
+                t = client.stream_turn(system, tools, messages, self.max_tokens, on_retry=retried, prefix_ttl="1h",
                                        newest_ttl=ttl, context_management=self._context_management(tool_names, urgent),
                                        **extra)
             except LLMError as exc:
