@@ -43,6 +43,8 @@ prefix-checks) are enforced, content-addressed, across all requests the server s
 - the last assistant message, when it holds tool_use blocks of a reply that had thinking, must start
   with a thinking block, else 400 (the API's "Expected `thinking` or `redacted_thinking`"), unless
   that reply echoed the request headers (the client had to cut the key out, and with it the thinking).
+Only `Reply` items issue thinking blocks; one sent in a raw `SSE` or `Raw` item and sent back is
+refused as forged. `FakeAnthropic(validate=False)` turns every rule off.
 
 Context editing (`context_management`, with the `context-management-2025-06-27` beta header, else
 400): `clear_tool_uses_20250919` is applied to what the "model" sees when the prompt passes its
