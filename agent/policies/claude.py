@@ -221,6 +221,7 @@ class ClaudePolicy:
         seen = 0
         rounds: list[float] = []  # seconds each tool round took
         urgent: int | None = None  # set after a turn hit the context window
+        remind = False  # the API cleared old results: the memory goes into the next message
         extra: dict[str, Any] = {}
         if self.thinking is not None:
             extra["thinking"] = self.thinking
@@ -286,6 +287,10 @@ class ClaudePolicy:
             if full and urgent is not None and not cleared:
                 return end("context_full")  # even clearing hard left no room
             urgent = t.usage.total_input + t.usage.output_tokens if full else None
+            if cleared:  # the API dropped old results from what the model sees: say what was learned, next
+                remind = True
+                log("context_cleared", turn=turn, context_tokens=sum(_count(e, "cleared_input_tokens") for e in cleared),
+                    cleared=sum(_count(e, "cleared_tool_uses") for e in cleared))
 
             stalled = 0 if t.tool_uses else stalled + 1
             if stalled >= MAX_STALLED:
@@ -305,11 +310,9 @@ class ClaudePolicy:
                 if idle >= 2:
                     return end("end_turn")
                 reply = [{"type": "text", "text": NUDGE}]
-            if cleared:
-                # the API dropped old results from what the model sees: say what was learned, at the end
+            if remind:  # at the end of the next message we send (never in one already sent)
                 reply.append({"type": "text", "text": MEMORY.format(memory=ctx.memory())})
-                log("context_cleared", turn=turn, context_tokens=sum(_count(e, "cleared_input_tokens") for e in cleared),
-                    cleared=sum(_count(e, "cleared_tool_uses") for e in cleared))
+                remind = False
             messages.append({"role": "user", "content": reply})
 
     # -- pieces ----------------------------------------------------------------------------------
