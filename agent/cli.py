@@ -178,7 +178,9 @@ def resolve_run(run: str, runs_dir: Optional[Path]) -> Path:
     raise AssertionError
 
 
-def make_policy(agent: str, model: Optional[str], seed: Optional[int]):
+def make_policy(agent: str, model: Optional[str], seed: Optional[int], claude: Optional[dict] = None):
+    """`claude`: the Claude policy's settings (max_tokens, effort, thinking, context_limit, retry_hours),
+    as `ClaudePolicy.settings()` records them in run.json (so `resume` continues with the same ones)."""
     if agent == "tuner":
         from agent.policies.tuner import TunerPolicy
 
@@ -189,8 +191,38 @@ def make_policy(agent: str, model: Optional[str], seed: Optional[int]):
         if not _has_api_key():
             fail("--agent claude needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the environment; "
                  "without one, use --agent tuner")
-        return ClaudePolicy(model=model) if model else ClaudePolicy()
+        known = ("max_tokens", "effort", "thinking", "context_limit", "keep_tool_results", "retry_hours",
+                 "max_retry_wait_s")
+        settings = {k: v for k, v in (claude or {}).items() if k in known and v is not None}
+        if isinstance(settings.get("thinking"), dict):  # as recorded: the request parameter
+            recorded = settings["thinking"]
+            settings["thinking"] = {"adaptive": "adaptive", "disabled": "off"}.get(recorded.get("type"),
+                                                                                    recorded.get("budget_tokens"))
+        try:
+            return ClaudePolicy(model=model, **settings) if model else ClaudePolicy(**settings)
+        except (KeyError, ValueError) as exc:
+            fail(str(exc).strip("'\""))
     fail(f"--agent {agent!r}: expected claude or tuner")
+
+
+def _thinking_option(thinking: Optional[str], budget: Optional[int]):
+    """--thinking adaptive|off and --thinking-budget N as ClaudePolicy's `thinking`."""
+    if budget is not None:
+        if thinking not in (None, "enabled"):
+            fail(f"--thinking-budget goes with extended thinking, not --thinking {thinking}")
+        return budget
+    if thinking not in (None, "adaptive", "off"):
+        fail(f"--thinking {thinking!r}: expected adaptive or off (or --thinking-budget N)")
+    return thinking
+
+
+def _api_gave_up(reason: str, run_id: str) -> None:
+    """The API gave up (retries spent, or an error that retrying cannot fix): exit 1, say what next."""
+    if reason.startswith("api_error"):
+        err_console.print(f"[bold red]the API gave up[/]: {reason}\nnext: [bold]kloop resume {run_id}[/] "
+                          "(the record keeps everything; spent cost and turns count against the budgets)",
+                          highlight=False)
+        raise typer.Exit(1)
 
 
 def _has_api_key() -> bool:
@@ -228,7 +260,14 @@ def _progress_line(event) -> None:
 def optimize(
     task: str = typer.Argument(..., help="Task folder (holding task.toml) or shipped task name."),
     agent: Optional[str] = typer.Option(None, help="claude or tuner (default: claude when ANTHROPIC_API_KEY is set, else tuner)."),
-    model: Optional[str] = typer.Option(None, help="Claude model id."),
+    model: Optional[str] = typer.Option(None, help="Claude model id (default: claude-opus-5-5)."),
+    effort: Optional[str] = typer.Option(None, help="Claude: effort (low, medium, high, xhigh, max; default: the model's)."),
+    max_tokens: int = typer.Option(32_000, help="Claude: most output tokens per turn (thinking included)."),
+    thinking: Optional[str] = typer.Option(None, help="Claude: adaptive (default where the model has it) or off."),
+    thinking_budget: Optional[int] = typer.Option(None, help="Claude: extended thinking with this budget in tokens."),
+    context_limit: Optional[int] = typer.Option(None, help="Claude: prompt tokens past which the API clears old tool results (default 60% of the window)."),
+    retry_hours: Optional[float] = typer.Option(None, help="Claude: hours to ride out API overload and rate limits before giving up (default 10 minutes)."),
+    retry_max_wait: Optional[float] = typer.Option(None, help="Claude: longest single wait between API retries, seconds (backoff is exponential with jitter; default 300)."),
     max_turns: Optional[int] = typer.Option(None, help="Claude: most model turns."),
     max_cost: Optional[float] = typer.Option(None, help="Claude: most USD spent on the API."),
     max_hours: Optional[float] = typer.Option(None, help="Wall-clock hours."),
@@ -246,13 +285,17 @@ def optimize(
 
     t = resolve_task(task)
     agent = agent or _default_agent()
-    policy = make_policy(agent, model, seed)
+    claude = {"max_tokens": max_tokens, "effort": effort, "thinking": _thinking_option(thinking, thinking_budget),
+              "context_limit": context_limit, "retry_hours": retry_hours, "max_retry_wait_s": retry_max_wait}
+    policy = make_policy(agent, model, seed, claude)
     if agent == "claude" and max_turns is None and max_cost is None and max_hours is None and max_attempts is None:
         max_turns, max_cost = 100, 20.0  # never spend without a bound
     budget = Budget(max_turns=max_turns, max_cost_usd=max_cost, max_hours=max_hours, max_attempts=max_attempts)
     try:
         session = Session.start(t.root, policy.name, budget, runs_root=_runs_root(runs_dir, t.root), allow_dirty=allow_dirty,
-                                config={"model": getattr(policy, "model", None)}, gate_config=GateConfig(max_seconds=gate_seconds))
+                                config={"model": getattr(policy, "model", None),
+                                        **({"claude": policy.settings()} if agent == "claude" else {})},
+                                gate_config=GateConfig(max_seconds=gate_seconds))
     except (WorkspaceError, TaskError) as exc:
         fail(str(exc))
     if agent == "claude":
@@ -269,6 +312,7 @@ def optimize(
         fail(str(exc), code=1)
     _print_log(session.record.dir, as_json=False)
     err_console.print(f"session ended: {reason}. Review: kloop log {info.run_id}; kloop show {info.run_id}", highlight=False)
+    _api_gave_up(reason, info.run_id)
 
 
 @app.command()
@@ -285,7 +329,8 @@ def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'.")
         session = Session.resume(run_dir)
     except (RunLocked, WorkspaceError) as exc:
         fail(str(exc))
-    policy = make_policy(session.record.info.policy, model or (session.record.info.config or {}).get("model"), None)
+    config = session.record.info.config or {}
+    policy = make_policy(session.record.info.policy, model or config.get("model"), None, config.get("claude"))
     if policy.name == "claude":
         from tools.agent_tools import session_toolbox
 
@@ -296,6 +341,7 @@ def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'.")
     except SessionError as exc:
         fail(str(exc), code=1)
     err_console.print(f"session ended: {reason}", highlight=False)
+    _api_gave_up(reason, session.record.info.run_id)
 
 
 @app.command()
