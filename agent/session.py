@@ -60,31 +60,40 @@ class SpentBefore:
 
 
 def spent_before(events: list) -> SpentBefore:
-    """Turns, API cost and wall hours of the run's earlier segments (each session_started up to the
-    last event before the next one)."""
+    """Turns, API cost and wall hours of the run's earlier segments. A segment runs from a
+    session_started to its last event; what a resume logs while repairing (just before its own
+    session_started) is not part of the segment before it, or the time between a kill and the
+    resume would count."""
     spent = SpentBefore()
-    start = last = None
+    segments: list[list] = []
     for ev in events:
         if isinstance(ev, rec.SessionStarted):
-            if start is not None and last is not None:
-                spent.hours += (last - start).total_seconds() / 3600
-            start = last = ev.t
-        else:
-            last = ev.t
+            segments.append([ev])
+        elif segments:
+            segments[-1].append(ev)
         if isinstance(ev, rec.LlmTurn):
             spent.turns += 1
             spent.cost_usd += ev.cost_usd
-    if start is not None and last is not None:
-        spent.hours += (last - start).total_seconds() / 3600
+    for i, seg in enumerate(segments):
+        if i + 1 < len(segments):
+            while len(seg) > 1 and _repair_event(seg[-1]):
+                seg.pop()
+        spent.hours += (max(e.t for e in seg) - seg[0].t).total_seconds() / 3600
     return spent
 
 
+def _repair_event(ev) -> bool:
+    return (isinstance(ev, (rec.Restored, rec.Committed, rec.Note))
+            or (isinstance(ev, rec.Verdict) and ev.reason.startswith("interrupted: the session stopped")))
+
+
 def remaining(budget: Budget, spent: SpentBefore) -> Budget:
-    """The budget left for this segment: the flags are totals for the run (attempts are counted
-    over the whole record already)."""
+    """The budget for this segment: the flags are totals for the run. Wall hours already spent are
+    taken off here; attempts are counted over the whole record already; turns and API cost are
+    summed from the record by the Claude policy itself (agent/policies/claude.py, `spent_so_far`)."""
     return Budget(
-        max_turns=None if budget.max_turns is None else budget.max_turns - spent.turns,
-        max_cost_usd=None if budget.max_cost_usd is None else round(budget.max_cost_usd - spent.cost_usd, 6),
+        max_turns=budget.max_turns,
+        max_cost_usd=budget.max_cost_usd,
         max_hours=None if budget.max_hours is None else budget.max_hours - spent.hours,
         max_attempts=budget.max_attempts,
     )
@@ -301,7 +310,8 @@ class Session:
             raise SessionError(f"the starting point does not pass its own gate: {verdict.reason}")
         self.best_build = verdict.build
         figures = {"build": verdict.build.model_dump(mode="json", include={"kernels", "compiler", "knobs", "key"}),
-                   "device": verdict.device.model_dump(mode="json") if verdict.device else None}
+                   "device": verdict.device.model_dump(mode="json") if verdict.device else None,
+                   "sass": verdict.sass}
         try:
             from tools.evaluate import run_bench
 
@@ -385,10 +395,6 @@ class Session:
         if self.interrupted:
             return self.interrupted
         b = self.budget
-        if b.max_turns is not None and b.max_turns <= 0:
-            return "max_turns"
-        if b.max_cost_usd is not None and b.max_cost_usd <= 0:
-            return "max_cost"
         if b.max_hours is not None and time.monotonic() - self.started >= b.max_hours * 3600:
             return "max_hours"
         if b.max_attempts is not None and self.attempts_made() >= b.max_attempts:

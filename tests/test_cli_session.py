@@ -241,25 +241,30 @@ def test_resume_offers_an_interrupted_attempt_to_a_model_policy(tmp_path):
     assert any("marked attempt 1" in r and "interrupted" in r for r in resumed.repairs), resumed.repairs
     assert resumed.interrupted_attempt().number == 1
     assert resumed.spent_before.turns == 2 and resumed.spent_before.cost_usd == pytest.approx(1.25)
-    assert resumed.budget.max_turns == 8 and resumed.budget.max_cost_usd == pytest.approx(0.75)
+    # totals: the Claude policy sums turns and cost from the record itself
+    assert resumed.budget.max_turns == 10 and resumed.budget.max_cost_usd == pytest.approx(2.0)
     text = resumed.briefing()
     assert "Attempt 1 ('Spell the zero') was interrupted" in text and "back in the worktree" in text
     assert resumed.ws.changed_paths(against=resumed.best_commit) == ["kernels/matmul_cpu/matmul.cpp"]
     assert "0.0f" in (resumed.ws.task_path / "matmul.cpp").read_text()
 
 
-def test_budget_spent_before_a_resume_counts(tmp_path):
+def test_hours_spent_before_a_resume_count(tmp_path):
+    from datetime import timedelta
+
+    from agent import records as rec
     from agent.policies.base import Budget
     from agent.session import Session
 
     repo = make_repo(tmp_path)
-    s = Session.start(repo / "kernels" / "matmul_cpu", "claude", Budget(), runs_root=tmp_path / "runs")
-    for turn in range(1, 4):
-        s.log("llm_turn", turn=turn, cost_usd=1.0)
-    resumed = Session.resume(s.record.dir, budget=Budget(max_turns=3, max_cost_usd=5.0, max_attempts=2))
-    assert resumed.budget.max_turns == 0 and resumed.stop_reason() == "max_turns"
-    resumed = Session.resume(s.record.dir, budget=Budget(max_cost_usd=3.0))
-    assert resumed.stop_reason() == "max_cost"
-    resumed = Session.resume(s.record.dir, budget=Budget(max_cost_usd=3.5, max_hours=1.0))
-    assert resumed.stop_reason() is None and resumed.budget.max_cost_usd == pytest.approx(0.5)
-    assert 0 < resumed.budget.max_hours <= 1.0
+    s = Session.start(repo / "kernels" / "matmul_cpu", "tuner", Budget(), runs_root=tmp_path / "runs")
+    started = s.events()[0].t
+    s.record.append(rec.make_event("tool_call", name="build", t=started + timedelta(hours=1)))  # an hour of work
+    s.close()
+    resumed = Session.resume(s.record.dir, budget=Budget(max_hours=1.5, max_attempts=2))
+    assert resumed.spent_before.hours == pytest.approx(1.0, abs=1e-3)
+    assert resumed.budget.max_hours == pytest.approx(0.5, abs=1e-3) and resumed.stop_reason() is None
+    resumed.close()
+    resumed = Session.resume(s.record.dir, budget=Budget(max_hours=1.0))
+    assert resumed.stop_reason() == "max_hours"
+    resumed.close()
