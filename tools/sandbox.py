@@ -179,7 +179,7 @@ def sandboxed_argv(argv: list[str], *, readable: Iterable[Path] = (), writable: 
     if exe is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed")
     args = [exe, "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--unshare-net", "--unshare-pid", "--unshare-uts",
-            "--unshare-cgroup-try", "--hostname", "kloop-sandbox"]
+            "--unshare-cgroup-try"]
     if not gpu:  # CUDA IPC between the runner and the judge may need the host's IPC namespace
         args.append("--unshare-ipc")
     for top in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
