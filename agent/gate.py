@@ -45,6 +45,8 @@ class GateConfig(BaseModel):
     # extra slowdown (s) the candidate may add outside the timed stream before it counts as escaping
     escape_abs_s: float = 30e-6
     escape_rel: float = 0.25
+    # refuse to run where the host cannot sandbox untrusted code (tools/sandbox.py status())
+    require_sandbox: bool = False
 
 
 class Verdict(BaseModel):

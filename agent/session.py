@@ -8,6 +8,7 @@ whatever a kill left half-done, without losing an accepted commit or landing an 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ from agent.trailers import format_commit_message, parse_trailers, trailer_key
 from agent.workspace import Workspace
 from tools.base import ToolBox
 from tools.build import BuildResult
+from tools.sandbox import SandboxStatus, SandboxUnavailable, require as require_sandbox_here, status as sandbox_status
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,6 +67,19 @@ def attempts_from_events(events: list) -> list[Attempt]:
     return [by_no[k] for k in sorted(by_no)]
 
 
+log = logging.getLogger(__name__)
+
+
+def _sandbox_status(required: bool) -> SandboxStatus:
+    """What isolates untrusted code on this host; SessionError when it is required and missing."""
+    if required:
+        try:
+            return require_sandbox_here()
+        except SandboxUnavailable as exc:
+            raise SessionError(str(exc)) from None
+    return sandbox_status()
+
+
 def _versions(compiler: str | None, device=None) -> rec.Versions:
     import platform
 
@@ -101,36 +116,48 @@ class Session:
     def start(cls, task_path: Path, policy: str, budget: Budget, runs_root: Path | None = None,
               allow_dirty: bool = False, config: dict | None = None, gate_config: GateConfig | None = None) -> "Session":
         task = load_task(task_path)
+        gate_config = gate_config or GateConfig()
+        sandbox = _sandbox_status(gate_config.require_sandbox)  # before anything is created
         runs_root = Path(runs_root or default_runs_root()).resolve()
         run_id = rec.new_run_id(task.name)
         run_dir = runs_root / run_id
         ws = Workspace.create(task.root, run_id, worktrees_root=runs_root / "_worktrees", allow_dirty=allow_dirty)
-        gate_config = gate_config or GateConfig()
         info = rec.RunInfo(
             run_id=run_id, task=task.name, task_rel=ws.task_rel, task_path=task.root, policy=policy,
             config={"budget": budget.__dict__, "gate": gate_config.model_dump(), **(config or {})},
             base_commit=ws.base_commit, branch=ws.branch, repo_root=ws.repo_root, worktree=ws.path,
-            versions=_versions(None),
+            versions=_versions(None), sandbox=sandbox.as_dict(),
         )
         record = rec.RunRecord.create(runs_root, info)
         trusted = run_dir / "trusted"
         ws.export_tree(ws.base_commit, trusted, subdir=None if ws.task_rel == "." else ws.task_rel)
         session = cls(record, ws, Gate(trusted, ws.task_rel, gate_config), budget, gate_config)
         session.log("session_started")
+        session._say_sandbox(sandbox)
         return session
 
     @classmethod
-    def resume(cls, run_dir: Path, budget: Budget | None = None) -> "Session":
+    def resume(cls, run_dir: Path, budget: Budget | None = None, require_sandbox: bool = False) -> "Session":
         record = rec.RunRecord.open(run_dir)
         info = record.info
-        ws = Workspace.open(info.repo_root, info.run_id, Path(info.worktree).parent, info.task_rel, info.base_commit)
         cfg = info.config or {}
         gate_config = GateConfig(**cfg.get("gate", {}))
+        if require_sandbox:
+            gate_config = gate_config.model_copy(update={"require_sandbox": True})
+        sandbox = _sandbox_status(gate_config.require_sandbox)
+        ws = Workspace.open(info.repo_root, info.run_id, Path(info.worktree).parent, info.task_rel, info.base_commit)
         budget = budget or Budget(**cfg.get("budget", {}))
         session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), budget, gate_config)
         session.repair()
         session.log("session_started", resumed=True)
+        session._say_sandbox(sandbox)
         return session
+
+    def _say_sandbox(self, sandbox: SandboxStatus) -> None:
+        """Loudly, where untrusted code will run without isolation: a warning and a note in the record."""
+        if not sandbox.available:
+            log.warning("%s", sandbox.line())
+            self.log("note", text=sandbox.line(), data={"sandbox": sandbox.as_dict()})
 
     # ---- record --------------------------------------------------------------------------------
     def log(self, kind: str, **data: Any) -> None:
