@@ -47,7 +47,8 @@ def encodings(secret: str) -> list[str]:
     """The forms of `secret` that `scrub` replaces, longest first."""
     raw = secret.encode()
     forms = {secret, secret[::-1], urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret),
-             json.dumps(secret)[1:-1], binascii.hexlify(raw).decode(), binascii.hexlify(raw).decode().upper()}
+             json.dumps(secret)[1:-1], binascii.hexlify(raw).decode(), binascii.hexlify(raw).decode().upper(),
+             "".join(f"%{b:02X}" for b in raw), "".join(f"%{b:02x}" for b in raw)}  # every byte %-encoded
     # base64 of the secret at each of the 3 alignments it can take inside a longer encoded text:
     # the characters that depend on the secret's bytes only (the edges are mixed with neighbours)
     for pad in range(3):
