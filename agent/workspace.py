@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 import git
+
+from tools.sandbox import minimal_env
+from tools.secrets import is_secret_name
 
 BRANCH_PREFIX = "kloop/"
 ENCODING = "utf-8"
@@ -83,33 +87,29 @@ def _git(
     """Run `git <args>` in `cwd`; stdout as text (stripped) or raw bytes; WorkspaceError on failure."""
     exe = git.Git.GIT_PYTHON_GIT_EXECUTABLE or "git"
     cmd = [exe, "--no-optional-locks", "-c", "core.hooksPath=/dev/null", *args]
-    runner = git.Git(str(cwd))
-    istream = None
     try:
-        if stdin is not None:
-            istream = tempfile.TemporaryFile()
-            istream.write(stdin)
-            istream.seek(0)
-        out = runner.execute(
-            cmd,
-            istream=istream,
-            env=env,
-            stdout_as_string=False,
-            strip_newline_in_stdout=False,
-        )
-    except git.GitCommandError as exc:
-        stderr = (exc.stderr or "").strip()
-        # GitPython wraps stderr as "\n  stderr: '...'"; keep git's own words
-        if stderr.startswith("stderr:"):
-            stderr = stderr[len("stderr:"):].strip().strip("'")
-        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {cwd}: {stderr or exc}", stderr) from None
-    finally:
-        if istream is not None:
-            istream.close()
+        proc = subprocess.run(cmd, cwd=str(cwd), input=stdin if stdin is not None else b"", capture_output=True,
+                              env=git_env(env))
+    except OSError as exc:
+        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {cwd}: {exc}", str(exc)) from None
+    if proc.returncode != 0:
+        stderr = proc.stderr.decode(ENCODING, ERRORS).strip()
+        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {cwd}: {stderr or f'exit status {proc.returncode}'}",
+                             stderr)
+    out = proc.stdout
     assert isinstance(out, bytes)
     if raw:
         return out
     return out.decode(ENCODING, ERRORS).strip()
+
+
+def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """git's environment: the allow-list of tools/sandbox.py (no secret reaches git), the user's HOME
+    and XDG config (their identity and settings) and their GIT_* settings, then `extra`."""
+    keep = {k: v for k, v in os.environ.items()
+            if (k.startswith("GIT_") or k in ("XDG_CONFIG_HOME", "TZ")) and not is_secret_name(k)}
+    base = {**keep, "LANGUAGE": "C", "TMPDIR": os.environ.get("TMPDIR") or "/tmp"}
+    return minimal_env({**base, **(extra or {})}, home=os.environ.get("HOME") or None)
 
 
 def _identity_env(cwd: Path) -> dict[str, str]:

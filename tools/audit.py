@@ -31,6 +31,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from tools.sandbox import minimal_env
+
 # ---- the source rules (also applied to raw sources by the gate's static stage) -----------------
 
 SOURCE_RULES: list[tuple[str, str]] = [
@@ -211,7 +213,8 @@ def _demangle(names: list[str]) -> dict[str, str]:
     mangled = [n for n in names if n.startswith("_Z")]
     if not tool or not mangled:
         return {}
-    out = subprocess.run([tool], input="\n".join(mangled), capture_output=True, text=True).stdout.splitlines()
+    out = subprocess.run([tool], input="\n".join(mangled), capture_output=True, text=True,
+                         env=minimal_env()).stdout.splitlines()
     return dict(zip(mangled, out)) if len(out) == len(mangled) else {}
 
 
@@ -220,7 +223,7 @@ def syscall_findings(obj: Path, src: str) -> list[Finding]:
     if tool is None:
         raise AuditError("objdump not found (apt-get install binutils): cannot audit the object code")
     dis = subprocess.run([tool, "-d", "--no-show-raw-insn", "-C", str(obj)], capture_output=True, text=True,
-                         errors="replace").stdout
+                         errors="replace", env=minimal_env()).stdout
     out, func = [], "?"
     for line in dis.splitlines():
         if m := re.match(r"^[0-9a-f]+ <(.*)>:$", line):
@@ -280,7 +283,7 @@ def parse_depfile(text: str) -> list[str]:
     """The prerequisites of a make-style dependency file (`-MD -MF`)."""
     body = text.replace("\\\n", " ")
     _, _, deps = body.partition(": ")
-    out, cur = [], ""
+    out = []
     for tok in re.split(r"(?<!\\) ", deps.replace("\n", " ")):
         tok = tok.replace("\\ ", " ").strip()
         if tok:
@@ -294,7 +297,7 @@ def toolchain_include_roots() -> tuple[Path, ...]:
     roots: set[Path] = set()
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx:
-        p = subprocess.run([cxx, "-xc++", "-E", "-v", "-"], input="", capture_output=True, text=True)
+        p = subprocess.run([cxx, "-xc++", "-E", "-v", "-"], input="", capture_output=True, text=True, env=minimal_env())
         inside = False
         for line in p.stderr.splitlines():
             if line.startswith("#include <...> search starts here") or line.startswith('#include "..." search'):

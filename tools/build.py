@@ -99,7 +99,7 @@ def compiler_version(target: str) -> str:
     exe = _nvcc() if target == "cuda" else _cxx()
     if exe is None:
         return "missing"
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, env=minimal_env()).stdout.strip().splitlines()
     if target == "cuda":
         # "Cuda compilation tools, release 13.0, V13.0.88"
         release = next((l for l in out if "release" in l), out[-1] if out else "")
@@ -441,7 +441,8 @@ def demangle(names: list[str]) -> dict[str, str]:
     mangled = [n for n in names if n.startswith("_Z")]
     if not tool or not mangled:
         return {}
-    out = subprocess.run([tool], input="\n".join(mangled), capture_output=True, text=True).stdout.splitlines()
+    out = subprocess.run([tool], input="\n".join(mangled), capture_output=True, text=True,
+                         env=minimal_env()).stdout.splitlines()
     return dict(zip(mangled, out)) if len(out) == len(mangled) else {}
 
 
