@@ -243,11 +243,15 @@ def load_time_findings(obj: Path, src: str, target: str) -> list[Finding]:
     try:
         symtab = next((s for s in elf.iter_sections() if isinstance(s, SymbolTableSection)), None)
         funcs: dict[tuple[int, int], str] = {}
+        out = []
         if symtab is not None:
             for sym in symtab.iter_symbols():
                 if sym["st_info"]["type"] == "STT_FUNC" and isinstance(sym["st_shndx"], int):
                     funcs[(sym["st_shndx"], sym["st_value"])] = sym.name
-        out = []
+                elif sym["st_info"]["type"] == "STT_LOOS" and isinstance(sym["st_shndx"], int):  # STT_GNU_IFUNC
+                    shown = _demangle([sym.name]).get(sym.name, sym.name)
+                    out.append(Finding(rule="load-time", file=src, detail=(
+                        f"`{shown}` is an indirect function (ifunc): its resolver runs when the library loads")))
         for sec in elf.iter_sections():
             if not sec.name.startswith(LOAD_TIME_SECTIONS) or sec["sh_size"] == 0:
                 continue
@@ -371,8 +375,9 @@ def preprocessed_findings(text: str, src_dir: Path, rules: list[tuple[str, str]]
     compiled = [(re.compile(p), r) for p, r in rules]
     hit_rules: set[tuple[str, str]] = set()
     for rel, line, raw in task_lines(text, src_dir):
+        joined = re.sub(r'"\s*"', "", raw)  # adjacent string literals, as the compiler will join them
         for pattern, reason in compiled:
-            m = pattern.search(raw)
+            m = pattern.search(raw) or pattern.search(joined)
             if m and (rel, pattern.pattern) not in hit_rules:
                 hit_rules.add((rel, pattern.pattern))
                 out.append(Finding(rule="preprocessed", file=rel, line=line,
