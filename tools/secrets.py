@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import os
 import re
@@ -43,7 +44,8 @@ def secret_values(environ: Mapping[str, str] | None = None, extra: Iterable[str]
     return sorted(values, key=len, reverse=True)
 
 
-def encodings(secret: str) -> list[str]:
+@functools.lru_cache(maxsize=64)
+def encodings(secret: str) -> tuple[str, ...]:
     """The forms of `secret` that `scrub` replaces, longest first."""
     raw = secret.encode()
     forms = {secret, secret[::-1], urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret),
@@ -58,7 +60,7 @@ def encodings(secret: str) -> list[str]:
             end = len(text) - 2
             if end - start >= MIN_SECRET_LEN:
                 forms.add(text[start:end])
-    return sorted((f for f in forms if len(f) >= MIN_SECRET_LEN), key=len, reverse=True)
+    return tuple(sorted((f for f in forms if len(f) >= MIN_SECRET_LEN), key=len, reverse=True))
 
 
 def scrub(text: str, secrets: Iterable[str] | None = None) -> str:
