@@ -352,18 +352,24 @@ _MARKER = re.compile(r'^#\s*(?:line\s+)?(\d+)\s+"((?:[^"\\]|\\.)*)"')
 def task_lines(text: str, src_dir: Path):
     """(file relative to src_dir, line, text) of the preprocessed lines that come from task files."""
     cur, line, ours = None, 0, False
-    for raw in text.splitlines():
-        if m := _MARKER.match(raw):
-            line = int(m.group(1))
-            name = m.group(2)
+    known: dict[str, str | None] = {}  # marker name -> path relative to src_dir, None when outside
+
+    def task_file(name: str) -> str | None:
+        if name not in known:
             p = Path(name)
             if not p.is_absolute():
                 p = src_dir.parent / name  # the compiler ran in the build folder: src/<file>
             try:
-                rel = p.resolve().relative_to(src_dir)
-                cur, ours = rel.as_posix(), True
+                known[name] = p.resolve().relative_to(src_dir).as_posix()
             except (ValueError, OSError):
-                cur, ours = name, False
+                known[name] = None
+        return known[name]
+
+    for raw in text.splitlines():
+        if raw.startswith("#") and (m := _MARKER.match(raw)):
+            line = int(m.group(1))
+            rel = task_file(m.group(2))
+            cur, ours = (rel, True) if rel is not None else (m.group(2), False)
             continue
         if ours:
             yield cur, line, raw
