@@ -383,6 +383,7 @@ def optimize(
     runs_dir: Optional[Path] = typer.Option(None, help="Where run records go (default: $KLOOP_RUNS, else .kloop/runs of the task's repository)."),
     gate_seconds: float = typer.Option(4.0, help="Gate: timing seconds per decision."),
     seed: Optional[int] = typer.Option(None, help="Tuner: sampler seed."),
+    require_sandbox: bool = typer.Option(False, "--require-sandbox", help="Refuse to run where untrusted kernel code cannot be sandboxed (bubblewrap + seccomp)."),
 ) -> None:
     """Run an optimisation session: accepted changes land as commits on branch kloop/<run-id>."""
     from agent.gate import GateConfig
@@ -402,8 +403,8 @@ def optimize(
         session = Session.start(t.root, policy.name, budget, runs_root=_runs_root(runs_dir, t.root), allow_dirty=allow_dirty,
                                 config={"model": getattr(policy, "model", None),
                                         **({"claude": policy.settings()} if agent == "claude" else {})},
-                                gate_config=GateConfig(max_seconds=gate_seconds))
-    except (WorkspaceError, TaskError) as exc:
+                                gate_config=GateConfig(max_seconds=gate_seconds, require_sandbox=require_sandbox))
+    except (WorkspaceError, TaskError, SessionError) as exc:
         fail(str(exc))
     if agent == "claude":
         from tools.agent_tools import session_toolbox
@@ -412,9 +413,19 @@ def optimize(
     info = session.record.info
     err_console.print(f"run [bold]{info.run_id}[/]: task {t.name}, policy {policy.name}, branch {info.branch}\n"
                       f"  worktree {info.worktree}\n  record   {session.record.dir}", highlight=False)
+    _print_sandbox(info.sandbox)
     reason = _run_session(session, policy)
     _finish(session, reason)
     _api_gave_up(reason, info.run_id)
+
+
+def _print_sandbox(sandbox: dict) -> None:
+    """One line on what isolates untrusted kernel code; loud where nothing does."""
+    if sandbox.get("available"):
+        err_console.print(f"  sandbox  {sandbox.get('mechanism')}", highlight=False)
+    else:
+        err_console.print(f"[bold red]WARNING: no sandbox ({sandbox.get('reason') or 'unknown'}): untrusted kernel code "
+                          "runs with your user's rights. Use --require-sandbox to refuse this.[/]", highlight=False)
 
 
 @app.command()
@@ -425,13 +436,15 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
            max_cost: Optional[float] = typer.Option(None, help="Claude: most USD for the whole run.", callback=_at_least(0, True)),
            max_hours: Optional[float] = typer.Option(None, help="Wall-clock hours for the whole run.", callback=_at_least(0, True)),
            max_attempts: Optional[int] = typer.Option(None, help="Most submissions for the whole run.", callback=_at_least(1, False)),
+           require_sandbox: bool = typer.Option(False, "--require-sandbox", help="Refuse to run without the sandbox."),
            ) -> None:
     """Continue a session that was stopped or killed, from its record (budgets count what was spent)."""
     from agent.policies.base import Budget
     from agent.records import RunRecord
     from agent.runlock import RunLocked
-    from agent.session import Session
+    from agent.session import Session, SessionError
     from agent.workspace import WorkspaceError
+    from tools.sandbox import status as sandbox_status
 
     run_dir = resolve_run(run, runs_dir)
     recorded_info = RunRecord.open(run_dir).info
@@ -440,9 +453,10 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
     budget = None if all(v is None for v in flags.values()) else Budget(
         **{k: (v if v is not None else getattr(recorded, k)) for k, v in flags.items()})
     try:
-        session = Session.resume(run_dir, budget=budget)
-    except (RunLocked, WorkspaceError) as exc:
+        session = Session.resume(run_dir, budget=budget, require_sandbox=require_sandbox)
+    except (RunLocked, WorkspaceError, SessionError) as exc:
         fail(str(exc))
+    _print_sandbox(sandbox_status().as_dict())
     info = session.record.info
     config = info.config or {}
     try:  # after the lock: a run held by a live process is refused first, whatever its policy

@@ -19,6 +19,7 @@ import torch
 from tools.task import load_task
 from tools.protocol import WorkerRequest, WorkerResult
 from tools.spec import SpecError, load_spec
+from tools.sandbox import lockdown, lockdown_requested
 
 
 def load_library(path: str, spec) -> ctypes.CDLL:
@@ -65,6 +66,8 @@ def serve(req: WorkerRequest, progress: Path | None = None) -> WorkerResult:
         torch.cuda.set_device(0)
     info = describe(device)
     spec = load_spec(task.spec_path)
+    if lockdown_requested():  # no exec, fork, ptrace, sockets from here on (tools/sandbox.py)
+        lockdown()
     libs = [load_library(p, spec) for p in req.libs]
     if progress is not None:
         mark_calls(spec, task, libs, req.kind, progress)
