@@ -129,18 +129,71 @@ class _OutputReader:
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> tuple[bool, int]:
-    """Wait for the worker; (finished in time, its peak resident memory in bytes from wait4)."""
+    """Wait for the worker; (finished in time, the peak resident memory of its process tree in bytes).
+
+    The peak is the largest VmHWM seen while polling the tree (the sandbox sits between us and the
+    worker, so wait4's figure is the sandbox's own), or wait4's when larger."""
     deadline = time.monotonic() + timeout
+    watch = _TreeWatch(proc.pid)
     pause = 0.005
     while True:
+        watch.poll()
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            return True, usage.ru_maxrss * 1024
+            return True, max(watch.peak, usage.ru_maxrss * 1024)
         if time.monotonic() >= deadline:
-            return False, 0
+            return False, watch.peak
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
+
+
+class _TreeWatch:
+    """The peak resident memory (VmHWM) of a process tree: members found by a /proc scan now and
+    then (every RESCAN_S), their high-water marks read at every poll (a few small reads)."""
+
+    RESCAN_S = 0.5
+
+    def __init__(self, root: int):
+        self.root = root
+        self.members = [root]
+        self.peak = 0
+        self._scanned = -1e9
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        if now - self._scanned >= self.RESCAN_S:
+            self.members, self._scanned = _descendants(self.root), now
+        for pid in self.members:
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        self.peak = max(self.peak, int(line.split()[1]) * 1024)
+                        break
+            except (OSError, ValueError):
+                continue
+
+
+def _descendants(root: int) -> list[int]:
+    """`root` and every process below it (by parent pid, from /proc)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return [root]
+    for entry in entries:
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
 
 
 def _reap(proc: subprocess.Popen) -> None:
