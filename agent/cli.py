@@ -433,6 +433,12 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
         raise typer.Exit(1)
 
 
+# the session as shell commands (session start/resume/end, build, check, bench, ..., submit) and `kloop mcp`
+from agent.session_cli import register as _register_session_commands  # noqa: E402
+
+_register_session_commands(app)
+
+
 def main() -> None:  # pragma: no cover
     app()
 
