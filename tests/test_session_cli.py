@@ -67,7 +67,8 @@ expect 0 kloop session end > /dev/null
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KLOOP_")}
     env.update(PY=sys.executable, PYTHONPATH=str(ROOT), ANTHROPIC_API_KEY=KEY,
-               KLOOP_CACHE=os.environ.get("KLOOP_CACHE", str(tmp / "cache")), KLOOP_RUNS=str(tmp / "runs"), **extra)
+               KLOOP_CACHE=os.environ.get("KLOOP_CACHE", str(tmp / "cache")), KLOOP_RUNS=str(tmp / "runs"))
+    env.update(extra)
     return env
 
 
