@@ -278,6 +278,11 @@ def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'.")
     from agent.session import Session, SessionError
 
     run_dir = resolve_run(run, runs_dir)
+    from agent.records import RunRecord
+    from agent.session_cli import is_external, session_resume
+
+    if is_external(RunRecord.open(run_dir).info.policy):  # driven by an outside agent: reopen it for them
+        return session_resume(str(run_dir), repo=None, runs_dir=runs_dir, as_json=False)
     session = Session.resume(run_dir)
     policy = make_policy(session.record.info.policy, model or (session.record.info.config or {}).get("model"), None)
     if policy.name == "claude":

@@ -81,6 +81,11 @@ def run_tool(name: str, args: dict, run: Optional[str], runs_dir: Optional[Path]
     raise typer.Exit(0 if result.ok else 1)
 
 
+def is_external(policy: str) -> bool:
+    """A run driven by an outside agent (through MCP or these commands), not by a kloop policy."""
+    return policy == "cli" or policy == "mcp" or policy.startswith("mcp:")
+
+
 def _knobs(items: Optional[List[str]]) -> dict | None:
     knobs = _cli().parse_knobs(items)
     return knobs or None

@@ -371,14 +371,21 @@ class SessionService:
         return self.rules().rstrip() + "\n\n---\n\n" + self.briefing().rstrip() + "\n"
 
     def write_agent_files(self) -> list[Path]:
-        """AGENTS.md and CLAUDE.md at the worktree's root (kloop's own files: never part of a change)."""
+        """AGENTS.md and CLAUDE.md (rules + briefing) and .mcp.json (Claude Code starts `kloop mcp RUN`
+        from it) at the worktree's root: kloop's own files, never part of a change."""
+        import json
+
+        from agent.mcp_server import stdio_config
+
         text = self.agent_text()
         written = []
         for name in self.session.ws.agent_files:
+            path = self.session.ws.path / name
             if name.endswith(".md"):
-                path = self.session.ws.path / name
                 path.write_text(text, encoding="utf-8")
-                written.append(path)
+            else:
+                path.write_text(json.dumps(stdio_config(str(self.run_dir)), indent=2) + "\n", encoding="utf-8")
+            written.append(path)
         return written
 
     # -- tools -----------------------------------------------------------------------------------

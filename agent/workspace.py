@@ -40,7 +40,7 @@ MODE_NONE = "000000"
 # Files kloop writes at the worktree's root for an agent opened there (the briefing and the rules).
 # They are the session's, not the candidate's: never part of a diff, a commit or a restore, as long
 # as the base commit does not track a file of that name (then that file is the repository's own).
-AGENT_FILES = ("AGENTS.md", "CLAUDE.md")
+AGENT_FILES = ("AGENTS.md", "CLAUDE.md", ".mcp.json")
 
 
 class WorkspaceError(Exception):
