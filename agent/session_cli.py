@@ -72,7 +72,7 @@ def _emit(name: str, result, as_json: bool) -> None:
 def run_tool(name: str, args: dict, run: Optional[str], runs_dir: Optional[Path], as_json: bool) -> None:
     """Attach, run one tool, print its answer, exit with its status."""
     service = attach(run, runs_dir)
-    result = service.call(name, {k: v for k, v in args.items() if v is not None}, source="cli")
+    result = service.call(name, {k: v for k, v in args.items() if v is not None})
     _emit(name, result, as_json)
     if result.event in ("busy", "budget") or result.text.startswith("not run:"):
         raise typer.Exit(3)
@@ -293,8 +293,9 @@ def mcp_cmd(
     except KeyboardInterrupt:
         reason = "mcp server interrupted"
     finally:
-        # the worktree stays as it is (the agent may still be in it); `kloop mcp RUN` reopens the session
-        service.session.log("session_ended", reason=reason)
+        # A client going away does not end the session: the worktree stays as it is (the agent may be
+        # in it, the shell commands still work), `kloop mcp RUN` serves it again; `kloop session end` ends it.
+        service.session.log("note", text=f"{reason}; the session stays open", data={"source": "mcp"})
 
 
 def _existing_run(target: Optional[str], runs_dir: Optional[Path]) -> Optional[Path]:

@@ -277,6 +277,7 @@ class SessionService:
         self.run_dir = session.record.dir
         self.toolbox = session_toolbox(session)
         self.toolbox.add(STATUS_TOOL)
+        self.toolbox.redact = lambda text: rec.SecretScrubber.from_env().scrub_text(text)[0]
         session.toolbox = self.toolbox
         self._best_lock = threading.Lock()
         self._clients: set[str] = set()
@@ -368,7 +369,8 @@ class SessionService:
         return self.session.briefing()
 
     def agent_text(self) -> str:
-        return self.rules().rstrip() + "\n\n---\n\n" + self.briefing().rstrip() + "\n"
+        text = self.rules().rstrip() + "\n\n---\n\n" + self.briefing().rstrip() + "\n"
+        return rec.SecretScrubber.from_env().scrub_text(text)[0]
 
     def write_agent_files(self) -> list[Path]:
         """AGENTS.md and CLAUDE.md (rules + briefing) and .mcp.json (Claude Code starts `kloop mcp RUN`
@@ -392,7 +394,7 @@ class SessionService:
     def schemas(self) -> list[dict[str, Any]]:
         return self.toolbox.schemas()
 
-    def call(self, name: str, raw: Any, source: str = "mcp") -> ToolResult:
+    def call(self, name: str, raw: Any) -> ToolResult:
         """Run one tool as the agent asked: budgets, locks, the record, no secret in the answer."""
         started = time.monotonic()
         if name not in self.toolbox.tools:
@@ -405,7 +407,7 @@ class SessionService:
                 result = ToolResult(ok=False, text=str(exc), event="busy")
         result = _scrubbed(result)
         self.session.log("tool_call", name=name[:100], input=raw, ok=result.ok, event=result.event, data=result.data,
-                         duration_s=round(time.monotonic() - started, 3), text=result.text[:LOG_TEXT], id=source)
+                         duration_s=round(time.monotonic() - started, 3), text=result.text[:LOG_TEXT])
         return result
 
     def _run(self, name: str, raw: Any) -> ToolResult:

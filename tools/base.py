@@ -56,6 +56,8 @@ class ToolBox:
 
     context: Any
     tools: dict[str, Tool] = field(default_factory=dict)
+    # applied to every result text before it is capped (e.g. removing secrets: a cap must not cut one in two)
+    redact: Callable[[str], str] | None = None
 
     def add(self, tool: Tool) -> None:
         if tool.name in self.tools:
@@ -80,5 +82,5 @@ class ToolBox:
             result = tool.fn(self.context, args)
         except Exception as exc:  # a tool failure costs one call, never the session
             return ToolResult(ok=False, text=f"error: {name} failed: {type(exc).__name__}: {exc}")
-        result.text = cap(result.text)
+        result.text = cap(self.redact(result.text) if self.redact else result.text)
         return result
