@@ -208,6 +208,24 @@ def hold(run_dir: Path, tool: str) -> Iterator[None]:
         work.__exit__(None, None, None)
 
 
+# ---- a record several processes append to ------------------------------------------------------
+
+class SharedRecord(rec.RunRecord):
+    """The run record of a session that several processes serve at once (an MCP server and shell
+    commands): each append takes an exclusive lock and learns the next seq from the file itself,
+    so that seqs stay 0, 1, 2, ... whoever writes."""
+
+    def append(self, event):
+        with _flock(self.dir / "events.lock", fcntl.LOCK_EX, blocking=True):
+            self._next_seq = None  # another process may have appended since our last event
+            return super().append(event)
+
+
+def _share(session: Session) -> Session:
+    session.record = SharedRecord(session.record.dir, session.record.info)
+    return session
+
+
 # ---- locating a run -----------------------------------------------------------------------------
 
 def run_of_worktree(cwd: Path, runs_root: Path | None = None) -> Path:
@@ -273,7 +291,7 @@ class SessionService:
     worker threads; the locks above serialise what must be."""
 
     def __init__(self, session: Session):
-        self.session = session
+        self.session = _share(session)
         self.run_dir = session.record.dir
         self.toolbox = session_toolbox(session)
         self.toolbox.add(STATUS_TOOL)
@@ -303,7 +321,7 @@ class SessionService:
                 raise SessionEnded(f"session {run_dir.name} has ended ({ended.reason}); reopen it with "
                                    f"`kloop session resume {run_dir.name}` (or `kloop mcp {run_dir.name}`)")
         relocate(run_dir, repo)
-        session = Session.open(run_dir)
+        session = _share(Session.open(run_dir))
         if not submit_in_flight(run_dir):
             session.repair(keep_edits=True)
         if announce:
@@ -410,7 +428,17 @@ class SessionService:
                          duration_s=round(time.monotonic() - started, 3), text=result.text[:LOG_TEXT])
         return result
 
+    def follow_branch(self) -> None:
+        """Another process (a shell command, a second MCP server) may have landed a change: the
+        branch's tip is the best, always (only an accepted submit moves it)."""
+        s = self.session
+        head = s.ws.head()
+        if head != s.best_commit:
+            with self._best_lock:
+                s.best_commit, s.best_build = head, None
+
     def _run(self, name: str, raw: Any) -> ToolResult:
+        self.follow_branch()
         if name not in READ_ONLY:
             if ended := self.ended:
                 return ToolResult(ok=False, text=f"not run: the session has ended ({ended}); reopen it with "

@@ -144,3 +144,26 @@ def test_bearer_gate_refuses_without_the_token():
     assert anyio.run(request, [(b"authorization", b"Bearer s3cret-token")]) == 200
     assert seen == ["/mcp"] and [r["authorization_header"] for r in refused] == ["missing", "wrong"]
     assert "s3cret" not in json.dumps(refused) and "wrong" not in json.dumps([r["client"] for r in refused])
+
+
+def test_two_processes_serving_one_session_agree(tmp_path, monkeypatch):
+    """An MCP server and a shell command attached to the same run: one record with seqs 0, 1, 2, ...,
+    and a change landed by one is the other's best (its revert goes there, not to a stale best)."""
+    from agent.session_service import SessionService
+    from tests.session_repo import make_repo
+
+    task = make_repo(tmp_path)
+    a = SessionService.start(task, "mcp", Budget(), runs_root=tmp_path / "runs")
+    b = SessionService.attach(a.run_dir)
+    for svc in (a, b, a, b):
+        assert svc.call("history", {}).ok
+    seqs = [e.seq for e in a.session.record.events()]
+    assert seqs == list(range(len(seqs)))
+    # b lands a change on the branch (as an accepted submit would); a follows it
+    src = b.session.ws.task_path / "matmul.cpp"
+    src.write_text(src.read_text() + "// landed elsewhere\n")
+    landed = b.session.ws.commit("landed by another process")
+    a.call("edit_file", {"path": "matmul.cpp", "old": "// landed elsewhere\n", "new": "// mine\n"})
+    assert a.call("revert", {}).ok
+    assert a.session.best_commit == landed and src.read_text().endswith("// landed elsewhere\n")
+    assert a.call("status", {}).data["best_commit"] == landed
