@@ -44,17 +44,19 @@ def _budget(max_attempts, max_hours, max_gpu_seconds):
     return Budget(max_attempts=max_attempts, max_hours=max_hours, max_gpu_seconds=max_gpu_seconds)
 
 
-def attach(run: Optional[str], runs_dir: Optional[Path], repo: Optional[Path] = None, announce: bool = False):
+def attach(run: Optional[str], runs_dir: Optional[Path], repo: Optional[Path] = None, announce: bool = False,
+           lock: bool = True):
     """The service of the session named by --run, or of the worktree holding the current folder."""
     from agent.records import RecordError
+    from agent.runlock import RunLocked
     from agent.session_service import ServiceError, SessionEnded, SessionService, run_of_worktree
     from agent.workspace import WorkspaceError
 
     cli = _cli()
     try:
         run_dir = cli.resolve_run(run, runs_dir) if run else run_of_worktree(Path.cwd(), runs_dir)
-        service = SessionService.attach(run_dir, repo=repo, announce=announce)
-    except SessionEnded as exc:
+        service = SessionService.attach(run_dir, repo=repo, announce=announce, lock=lock)
+    except (SessionEnded, RunLocked) as exc:
         cli.fail(str(exc), code=3)
     except (ServiceError, WorkspaceError, RecordError) as exc:
         cli.fail(str(exc))
@@ -71,8 +73,14 @@ def _emit(name: str, result, as_json: bool) -> None:
 
 def run_tool(name: str, args: dict, run: Optional[str], runs_dir: Optional[Path], as_json: bool) -> None:
     """Attach, run one tool, print its answer, exit with its status."""
-    service = attach(run, runs_dir)
-    result = service.call(name, {k: v for k, v in args.items() if v is not None})
+    from agent.session_service import READ_ONLY
+
+    # reading needs no lock: `kloop status` works while an MCP server holds the run
+    service = attach(run, runs_dir, lock=name not in READ_ONLY)
+    try:
+        result = service.call(name, {k: v for k, v in args.items() if v is not None})
+    finally:
+        service.close()
     _emit(name, result, as_json)
     if result.event in ("busy", "budget") or result.text.startswith("not run:"):
         raise typer.Exit(3)
@@ -110,8 +118,10 @@ def session_start(
     try:
         service.ensure_best()
     except Exception as exc:
+        service.close()
         cli.fail(f"baseline: {exc}", code=1)
     service.write_agent_files()
+    service.close()
     info = service.session.record.info
     if as_json:
         cli.emit_json({"run": info.run_id, "worktree": str(info.worktree), "run_dir": str(service.run_dir),
@@ -131,7 +141,7 @@ def start_service(task: str, policy: str, budget, gate_seconds: float, allow_dir
     cli = _cli()
     t = cli.resolve_task(task)
     try:
-        return SessionService.start(t.root, policy, budget, runs_root=cli._runs_root(runs_dir), allow_dirty=allow_dirty,
+        return SessionService.start(t.root, policy, budget, runs_root=cli._runs_root(runs_dir, t.root), allow_dirty=allow_dirty,
                                     gate_config=GateConfig(max_seconds=gate_seconds))
     except (WorkspaceError, TaskError) as exc:
         cli.fail(str(exc))
@@ -145,6 +155,7 @@ def session_resume(run: str = typer.Argument(..., help="Run id, run folder, or '
     branch into a clone, pass --repo)."""
     service = attach(run, runs_dir, repo=repo, announce=True)
     service.write_agent_files()
+    service.close()
     info = service.session.record.info
     if as_json:
         _cli().emit_json({"run": info.run_id, "worktree": str(service.session.ws.path), "run_dir": str(service.run_dir)})
@@ -296,6 +307,7 @@ def mcp_cmd(
         # A client going away does not end the session: the worktree stays as it is (the agent may be
         # in it, the shell commands still work), `kloop mcp RUN` serves it again; `kloop session end` ends it.
         service.session.log("note", text=f"{reason}; the session stays open", data={"source": "mcp"})
+        service.close()
 
 
 def _existing_run(target: Optional[str], runs_dir: Optional[Path]) -> Optional[Path]:

@@ -29,7 +29,8 @@ from typing import Any, Iterator
 from agent import records as rec
 from agent.gate import Candidate, GateConfig
 from agent.policies.base import Budget
-from agent.session import Session, SessionError, default_runs_root
+from agent.locations import default_runs_root
+from agent.session import Session, SessionError
 from agent.workspace import BRANCH_PREFIX, WorkspaceError
 from tools.agent_tools import session_toolbox
 from tools.base import Tool, ToolInput, ToolResult, cap
@@ -236,6 +237,7 @@ def run_of_worktree(cwd: Path, runs_root: Path | None = None) -> Path:
         repo = git.Repo(cwd, search_parent_directories=True)
         branch = repo.git.symbolic_ref("--quiet", "--short", "HEAD")
         top = Path(repo.working_tree_dir).resolve()
+        common = Path(repo.git.rev_parse("--path-format=absolute", "--git-common-dir")).parent
     except Exception:
         raise ServiceError(f"{cwd} is not inside a kloop session worktree (no git branch); "
                            "pass --run RUN, or cd into the worktree `kloop session start` printed") from None
@@ -243,7 +245,8 @@ def run_of_worktree(cwd: Path, runs_root: Path | None = None) -> Path:
         raise ServiceError(f"{top} is on branch {branch!r}, not a kloop session branch (kloop/<run-id>); pass --run RUN")
     run_id = branch[len(BRANCH_PREFIX):]
     candidates = [Path(runs_root) / run_id] if runs_root else []
-    candidates += [top.parent.parent / run_id, default_runs_root() / run_id]  # <runs>/_worktrees/<run-id>
+    # <runs>/_worktrees/<run-id>; the repository's .kloop/runs; the default
+    candidates += [top.parent.parent / run_id, common / ".kloop" / "runs" / run_id, default_runs_root(cwd=common) / run_id]
     for c in candidates:
         if (c / rec.RUN_JSON).is_file():
             return c
@@ -310,11 +313,16 @@ class SessionService:
         return cls(session)
 
     @classmethod
-    def attach(cls, run_dir: Path, repo: Path | None = None, announce: bool = False) -> "SessionService":
+    def attach(cls, run_dir: Path, repo: Path | None = None, announce: bool = False,
+               lock: bool = True) -> "SessionService":
         """Open a recorded session, keeping the worktree's edits. `announce` (a new owner: the MCP
         server, `kloop session resume`) logs session_started; a shell command attaches silently.
-        A record left inconsistent by a kill is repaired, unless a submit is being judged right now."""
+        With `lock`, the run's lock is held until `close()` (RunLocked while another live process
+        holds it: one process per run) and a record left inconsistent by a kill is repaired; without,
+        the service is for reading (status, history) beside the process that holds the run."""
         run_dir = Path(run_dir)
+        if not lock:
+            return cls(Session.open(run_dir, lock=False))
         if not announce:
             _, ended = _last_start_and_end(rec.RunRecord.open(run_dir).events())
             if ended is not None:
@@ -322,11 +330,19 @@ class SessionService:
                                    f"`kloop session resume {run_dir.name}` (or `kloop mcp {run_dir.name}`)")
         relocate(run_dir, repo)
         session = _share(Session.open(run_dir))
-        if not submit_in_flight(run_dir):
-            session.repair(keep_edits=True)
-        if announce:
-            session.log("session_started", resumed=True)
+        try:
+            if not submit_in_flight(run_dir):
+                session.repair(keep_edits=True)
+            if announce:
+                session.log("session_started", resumed=True)
+        except BaseException:
+            session.close()
+            raise
         return cls(session)
+
+    def close(self) -> None:
+        """Give the run's lock back (the end of a shell command, of an MCP server)."""
+        self.session.close()
 
     def _load_baseline(self) -> None:
         """The baseline figures (for the briefing) from the record, in a process that did not measure them."""
@@ -424,6 +440,8 @@ class SessionService:
             except Busy as exc:
                 result = ToolResult(ok=False, text=str(exc), event="busy")
         result = _scrubbed(result)
+        if self.session.lock is None:  # a reader beside the run's owner leaves the record alone
+            return result
         self.session.log("tool_call", name=name[:100], input=raw, ok=result.ok, event=result.event, data=result.data,
                          duration_s=round(time.monotonic() - started, 3), text=result.text[:LOG_TEXT])
         return result
@@ -440,6 +458,8 @@ class SessionService:
     def _run(self, name: str, raw: Any) -> ToolResult:
         self.follow_branch()
         if name not in READ_ONLY:
+            if self.session.lock is None:
+                return ToolResult(ok=False, text=f"not run: {name} needs the run's lock (this view is read-only)")
             if ended := self.ended:
                 return ToolResult(ok=False, text=f"not run: the session has ended ({ended}); reopen it with "
                                   f"`kloop session resume {self.session.record.info.run_id}` or `kloop mcp ...`")
@@ -465,6 +485,7 @@ class SessionService:
                     s.ws.remove()
             finally:
                 s.log("session_ended", reason=reason)
+                self.close()
         token = self.run_dir / TOKEN_FILE
         token.unlink(missing_ok=True)
 
