@@ -225,6 +225,7 @@ class Workspace:
         self.task_rel = task_rel
         self.run_id = run_id
         self._agent_files: tuple[str, ...] | None = None
+        self._common_dir: Path | None = None  # the repository's .git, learnt on first use
 
     @property
     def agent_files(self) -> tuple[str, ...]:
@@ -239,7 +240,6 @@ class Workspace:
         if self.agent_files:
             _git(self.path, "--literal-pathspecs", "rm", "--cached", "--quiet", "--ignore-unmatch", "--",
                  *self.agent_files, env=env)
-        self._common_dir: Path | None = None  # the repository's .git, learnt on first use
 
     @property
     def task_path(self) -> Path:
