@@ -321,13 +321,13 @@ class SessionService:
         holds it: one process per run) and a record left inconsistent by a kill is repaired; without,
         the service is for reading (status, history) beside the process that holds the run."""
         run_dir = Path(run_dir)
-        if not lock:
-            return cls(Session.open(run_dir, lock=False))
         if not announce:
             _, ended = _last_start_and_end(rec.RunRecord.open(run_dir).events())
             if ended is not None:
                 raise SessionEnded(f"session {run_dir.name} has ended ({ended.reason}); reopen it with "
                                    f"`kloop session resume {run_dir.name}` (or `kloop mcp {run_dir.name}`)")
+        if not lock:
+            return cls(Session.open(run_dir, lock=False))
         relocate(run_dir, repo)
         session = _share(Session.open(run_dir))
         try:
