@@ -167,3 +167,20 @@ def test_two_processes_serving_one_session_agree(tmp_path, monkeypatch):
     assert a.call("revert", {}).ok
     assert a.session.best_commit == landed and src.read_text().endswith("// landed elsewhere\n")
     assert a.call("status", {}).data["best_commit"] == landed
+
+
+def test_a_spent_budget_refuses_before_anything_runs(tmp_path):
+    from agent.session_service import SessionService
+    from tests.session_repo import make_repo
+
+    task = make_repo(tmp_path)
+    svc = SessionService.start(task, "cli", Budget(max_attempts=0, max_gpu_seconds=0), runs_root=tmp_path / "runs")
+    try:
+        for tool, why in (("submit", "max_attempts"), ("check", "max_gpu_seconds")):
+            res = svc.call(tool, {"title": "anything"} if tool == "submit" else {})
+            assert not res.ok and res.event == "budget" and why in res.text, res.text
+        assert svc.call("read_file", {"path": "matmul.cpp"}).ok  # reading is never budgeted
+        assert svc.session.attempts_made() == 0 and svc.session.best_build is None  # no gate, no baseline
+        assert svc.call("status", {}).data["left"]["attempts"] == 0
+    finally:
+        svc.close()
