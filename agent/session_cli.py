@@ -264,7 +264,7 @@ def mcp_cmd(
     from agent import mcp_server
 
     cli = _cli()
-    host, port = "127.0.0.1", 8765
+    host, port = "127.0.0.1", 8766  # (kloop serve's default is 8765)
     if http:
         try:
             host, port = mcp_server.parse_hostport(http)
