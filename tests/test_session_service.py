@@ -184,3 +184,31 @@ def test_a_spent_budget_refuses_before_anything_runs(tmp_path):
         assert svc.call("status", {}).data["left"]["attempts"] == 0
     finally:
         svc.close()
+
+
+def test_shell_commands_beside_the_process_that_holds_the_run(tmp_path):
+    """While an MCP server (here: this process) holds the run, a shell command that acts is refused
+    with exit 3 naming the holder; `kloop status` still reads the session."""
+    import os
+    import subprocess
+    import sys
+
+    from agent.session_service import SessionService
+    from tests.session_repo import ROOT, make_repo
+
+    task = make_repo(tmp_path)
+    svc = SessionService.start(task, "mcp", Budget(), runs_root=tmp_path / "runs")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KLOOP_RUNS": str(tmp_path / "runs")}
+    try:
+        def kloop(*args):
+            return subprocess.run([sys.executable, "-m", "agent.cli", *args, "--run", str(svc.run_dir)],
+                                  env=env, capture_output=True, text=True, timeout=300)
+
+        acted = kloop("revert")
+        assert acted.returncode == 3 and "in use by" in acted.stderr and f"pid {os.getpid()}" in acted.stderr
+        read = kloop("status", "--json")
+        assert read.returncode == 0, read.stderr
+        assert json.loads(read.stdout)["data"]["run"] == svc.session.record.info.run_id
+        assert not [e for e in svc.session.record.events() if e.kind == "tool_call"]  # the reader wrote nothing
+    finally:
+        svc.close()
