@@ -298,7 +298,6 @@ class SessionService:
         self.run_dir = session.record.dir
         self.toolbox = session_toolbox(session)
         self.toolbox.add(STATUS_TOOL)
-        self.toolbox.redact = lambda text: rec.SecretScrubber.from_env().scrub_text(text)[0]
         session.toolbox = self.toolbox
         self._best_lock = threading.Lock()
         self._clients: set[str] = set()
@@ -335,6 +334,7 @@ class SessionService:
                 session.repair(keep_edits=True)
             if announce:
                 session.log("session_started", resumed=True)
+                session._say_sandbox(session.sandbox)
         except BaseException:
             session.close()
             raise

@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from tools.sandbox import minimal_env
+from tools.secrets import is_secret_name
+
 BRANCH_PREFIX = "kloop/"
 ENCODING = "utf-8"
 ERRORS = "surrogateescape"
@@ -109,7 +112,8 @@ def _git(
     repository (GIT_DIR, GIT_WORK_TREE, ...) are dropped from the environment; `env` adds to it.
     """
     repo = Path(repo).expanduser().absolute()
-    full_env = {k: v for k, v in os.environ.items() if k not in _LOCATION_ENV}
+    # the allow-list of git_env (no secret reaches git), without the variables that relocate the repository
+    full_env = {k: v for k, v in git_env().items() if k not in _LOCATION_ENV}
     if not discover:
         full_env["GIT_CEILING_DIRECTORIES"] = str(repo.parent)
     full_env.update(env or {})
@@ -125,6 +129,15 @@ def _git(
     if raw:
         return proc.stdout
     return proc.stdout.decode(ENCODING, ERRORS).strip()
+
+
+def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """git's environment: the allow-list of tools/sandbox.py (no secret reaches git), the user's HOME
+    and XDG config (their identity and settings) and their GIT_* settings, then `extra`."""
+    keep = {k: v for k, v in os.environ.items()
+            if (k.startswith("GIT_") or k in ("XDG_CONFIG_HOME", "TZ")) and not is_secret_name(k)}
+    base = {**keep, "LANGUAGE": "C", "TMPDIR": os.environ.get("TMPDIR") or "/tmp"}
+    return minimal_env({**base, **(extra or {})}, home=os.environ.get("HOME") or None)
 
 
 def _identity_env(cwd: Path) -> dict[str, str]:
