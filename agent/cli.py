@@ -338,6 +338,11 @@ def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'.")
     from tools.sandbox import status as sandbox_status
 
     run_dir = resolve_run(run, runs_dir)
+    from agent.records import RunRecord
+    from agent.session_cli import is_external, session_resume
+
+    if is_external(RunRecord.open(run_dir).info.policy):  # driven by an outside agent: reopen it for them
+        return session_resume(str(run_dir), repo=None, runs_dir=runs_dir, as_json=False)
     try:
         session = Session.resume(run_dir, require_sandbox=require_sandbox)
     except (RunLocked, WorkspaceError, SessionError) as exc:
@@ -567,6 +572,12 @@ def compare(run_a: str = typer.Argument(..., help="Run id or folder."), run_b: s
     if output:
         output.write_text(render_compare(views), encoding="utf-8")
         console.print(f"wrote {output}", highlight=False)
+
+
+# the session as shell commands (session start/resume/end, build, check, bench, ..., submit) and `kloop mcp`
+from agent.session_cli import register as _register_session_commands  # noqa: E402
+
+_register_session_commands(app)
 
 
 def main() -> None:  # pragma: no cover
