@@ -439,19 +439,24 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
            require_sandbox: bool = typer.Option(False, "--require-sandbox", help="Refuse to run without the sandbox."),
            ) -> None:
     """Continue a session that was stopped or killed, from its record (budgets count what was spent)."""
+    import dataclasses
+
     from agent.policies.base import Budget
     from agent.records import RunRecord
     from agent.runlock import RunLocked
     from agent.session import Session, SessionError
     from agent.workspace import WorkspaceError
+    from agent.session_cli import is_external, session_resume
     from tools.sandbox import status as sandbox_status
 
     run_dir = resolve_run(run, runs_dir)
     recorded_info = RunRecord.open(run_dir).info
+    if is_external(recorded_info.policy):  # driven by an outside agent: reopen it for them
+        return session_resume(str(run_dir), repo=None, runs_dir=runs_dir, as_json=False)
     recorded = Budget(**((recorded_info.config or {}).get("budget") or {}))
     flags = {"max_turns": max_turns, "max_cost_usd": max_cost, "max_hours": max_hours, "max_attempts": max_attempts}
-    budget = None if all(v is None for v in flags.values()) else Budget(
-        **{k: (v if v is not None else getattr(recorded, k)) for k, v in flags.items()})
+    budget = None if all(v is None for v in flags.values()) else dataclasses.replace(
+        recorded, **{k: v for k, v in flags.items() if v is not None})
     try:
         session = Session.resume(run_dir, budget=budget, require_sandbox=require_sandbox)
     except (RunLocked, WorkspaceError, SessionError) as exc:
@@ -799,6 +804,12 @@ def compare(run_a: str = typer.Argument(..., help="Run id or folder."), run_b: s
     if output:
         output.write_text(render_compare(views), encoding="utf-8")
         console.print(f"wrote {output}", highlight=False)
+
+
+# the session as shell commands (session start/resume/end, build, check, bench, ..., submit) and `kloop mcp`
+from agent.session_cli import register as _register_session_commands  # noqa: E402
+
+_register_session_commands(app)
 
 
 def main() -> None:  # pragma: no cover

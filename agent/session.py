@@ -93,12 +93,9 @@ def remaining(budget: Budget, spent: SpentBefore) -> Budget:
     """The budget for this segment: the flags are totals for the run. Wall hours already spent are
     taken off here; attempts are counted over the whole record already; turns and API cost are
     summed from the record by the Claude policy itself (agent/policies/claude.py, `spent_so_far`)."""
-    return Budget(
-        max_turns=budget.max_turns,
-        max_cost_usd=budget.max_cost_usd,
-        max_hours=None if budget.max_hours is None else budget.max_hours - spent.hours,
-        max_attempts=budget.max_attempts,
-    )
+    import dataclasses
+
+    return dataclasses.replace(budget, max_hours=None if budget.max_hours is None else budget.max_hours - spent.hours)
 
 
 @dataclass
@@ -178,6 +175,7 @@ class Session:
         self.discarded = False  # the run was removed whole (its baseline failed)
         gate.on_stage = self._on_stage
         self.lock: RunLock | None = None  # one process per run: held from start/resume to the end of run()
+        self.sandbox: SandboxStatus | None = None  # what isolates untrusted code here (known once opened)
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
@@ -213,9 +211,14 @@ class Session:
         return session
 
     @classmethod
-    def resume(cls, run_dir: Path, budget: Budget | None = None, require_sandbox: bool = False) -> "Session":
+    def open(cls, run_dir: Path, budget: Budget | None = None, lock: bool = True,
+             require_sandbox: bool = False) -> "Session":
+        """Attach to a recorded session as it is: nothing is repaired, restored or logged (but a note
+        when a dead holder's lock was taken over). The shell's session commands attach once per
+        command and must keep the agent's edits. With `lock` the run's lock is taken (RunLocked when
+        another live process holds it); without it, the session is for reading only."""
         record = rec.RunRecord.open(run_dir)
-        lock, note = RunLock.take(record.dir)  # RunLocked, naming the holder, if a live process has it
+        held, note = RunLock.take(record.dir) if lock else (None, None)
         try:
             info = record.info
             ws = Workspace.open(info.repo_root, info.run_id, Path(info.worktree).parent, info.task_rel, info.base_commit)
@@ -226,18 +229,29 @@ class Session:
             sandbox = _sandbox_status(gate_config.require_sandbox)
             total = budget or Budget(**cfg.get("budget", {}))
             session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), total, gate_config)
-            session.lock = lock
+            session.spent_before = spent_before(record.events())
+            session.budget = remaining(total, session.spent_before)  # flags are totals for the run
+            session.lock = held
+            session.sandbox = sandbox
             if note:
                 session.log("note", text=note, data={"lock": "taken over"})
-            session.spent_before = spent_before(record.events())
-            session.budget = remaining(total, session.spent_before)
+        except BaseException:
+            if held is not None:
+                held.release()
+            raise
+        return session
+
+    @classmethod
+    def resume(cls, run_dir: Path, budget: Budget | None = None, require_sandbox: bool = False) -> "Session":
+        session = cls.open(run_dir, budget, require_sandbox=require_sandbox)
+        try:
             session.repair()
             session.log("session_started", resumed=True)
-            session._say_sandbox(sandbox)
+            session._say_sandbox(session.sandbox)
             if budget is not None:
-                session.log("note", text="budget on resume (totals for the run)", data={"budget": total.__dict__})
+                session.log("note", text="budget on resume (totals for the run)", data={"budget": session.budget.__dict__})
         except BaseException:
-            lock.release()
+            session.close()
             raise
         return session
 
@@ -268,9 +282,11 @@ class Session:
     def attempts_made(self) -> int:
         return len(self.attempts())
 
-    def repair(self) -> None:
-        """Bring the worktree and the record into agreement after a kill (see the module docstring)."""
+    def repair(self, keep_edits: bool = False) -> None:
+        """Bring the worktree and the record into agreement after a kill (see the module docstring).
+        With `keep_edits`, uncommitted edits survive unless something had to be repaired."""
         attempts = self.attempts()
+        repaired = False
         accepted = {a.number: a for a in attempts if a.accepted}
         # 1. commits on the branch must each carry an accepted attempt; anything else is cut off
         commits = self.ws.commits_since_base()
@@ -290,6 +306,7 @@ class Session:
             cut = shas[shas.index(keep) + 1:] if keep in shas else shas
             self.ws.reset_branch(keep)
             self.repairs.append(f"cut {len(cut)} commit(s) no accepted verdict stands behind: {', '.join(c[:10] for c in cut)}")
+            repaired = True
         self.best_commit = keep
         # 2. an accepted verdict whose commit never happened: land it now (the gate already decided)
         for a in attempts:
@@ -300,14 +317,17 @@ class Session:
                 self.log("committed", attempt=a.number, commit=sha)
                 self.best_commit = sha
                 self.repairs.append(f"landed accepted attempt {a.number} as commit {sha[:10]} (killed before its commit)")
+                repaired = True
         # 3. an attempt with no verdict was interrupted mid-gate: it counts, and is rejected
         for a in attempts:
             if a.accepted is None:
                 self.log("verdict", attempt=a.number, accepted=False, reason="interrupted: the session stopped during evaluation",
                          figures={"stage": "interrupted"})
                 self.repairs.append(f"marked attempt {a.number} ({a.title}) as interrupted: it had no verdict")
-        self.ws.restore(self.best_commit)
-        self.log("restored", to=self.best_commit)
+                repaired = True
+        if repaired or not keep_edits:
+            self.ws.restore(self.best_commit)
+            self.log("restored", to=self.best_commit)
 
     # ---- baseline ------------------------------------------------------------------------------
     def recorded_baseline(self) -> dict[str, Any] | None:
@@ -330,9 +350,10 @@ class Session:
         self.repairs.append(f"reused the recorded baseline; rebuilt the best ({self.best_commit[:10]}) without re-timing")
         return True
 
-    def establish_baseline(self) -> Verdict:
-        """Build and check the best (the base, or the last accepted commit on resume)."""
-        verdict = self.gate.evaluate(Candidate(self.ws.task_path, []), best=None)
+    def establish_baseline(self, task_dir: Path | None = None) -> Verdict:
+        """Build and check the best (the base, or the last accepted commit on resume), as found in
+        `task_dir` (default: the worktree's task folder, which must then hold no edits)."""
+        verdict = self.gate.evaluate(Candidate(task_dir or self.ws.task_path, []), best=None)
         if not verdict.accepted:
             raise SessionError(f"the starting point does not pass its own gate: {verdict.reason}")
         self.best_build = verdict.build
