@@ -183,3 +183,14 @@ def test_worker_scratch_is_named_after_its_owner_and_the_request_is_private():
     assert Path(path).parent.name.startswith(f"{SCRATCH_PREFIX}{os.getpid()}-")
     assert not Path(path).parent.exists()  # removed when the worker is done
     assert Path(tempfile.gettempdir()) == Path(path).parent.parent
+
+
+def test_loading_a_spec_writes_nothing_in_the_task_folder(tmp_path):
+    """The CLI imports the spec up front (clear errors): that must not leave a __pycache__ behind,
+    which would make the user's task folder dirty."""
+    from tools.spec import load_spec
+
+    task = tmp_path / "matmul_cpu"
+    shutil.copytree(MATMUL, task, ignore=shutil.ignore_patterns("__pycache__"))
+    load_spec(task / "spec.py")
+    assert sorted(p.name for p in task.iterdir()) == ["matmul.cpp", "spec.py", "task.toml"]

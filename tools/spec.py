@@ -102,11 +102,14 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"{path}: cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # never a __pycache__ in a task folder
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(mod_name, None)
         raise SpecError(f"{_where(exc, path)}: importing the spec raised {type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.dont_write_bytecode = saved
     for name in REQUIRED:
         if not callable(getattr(module, name, None)):
             raise SpecError(f"{path}: attribute {name!r} is missing or not a function (a spec must define {', '.join(REQUIRED)})")
