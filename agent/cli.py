@@ -26,9 +26,37 @@ err_console = Console(stderr=True)
 SHIPPED = shipped_tasks_dir()  # kloop's tasks: the checkout's kernels/, or the installed package data
 
 
-def fail(message: str, code: int = 2) -> None:
+EXIT_FAILURE = 1  # a build, check, gate or session failed
+EXIT_USAGE = 2  # bad input: a flag, a task path, a run id, a manifest or spec
+EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT), as shells expect
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from agent import __version__
+
+        console.print(f"kloop {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """kernel-loop: make GPU kernels faster, committing only proven gains."""
+
+
+def _at_least(minimum: float, strict: bool):
+    """A typer callback refusing a budget flag below `minimum` (or equal to it when `strict`)."""
+    def check(value):
+        if value is not None and (value < minimum or (strict and value == minimum)):
+            raise typer.BadParameter(f"{value} is not allowed: must be {'greater than' if strict else 'at least'} {minimum:g}")
+        return value
+    return check
 
 
 def resolve_task(spec: str) -> Task:
@@ -36,11 +64,25 @@ def resolve_task(spec: str) -> Task:
     path = Path(spec).expanduser()
     if not path.exists() and (SHIPPED / spec).is_dir():
         path = SHIPPED / spec
+    if not path.exists():
+        fail(f"no task {spec!r}: neither a folder nor a shipped task (see `kloop tasks`)")
     try:
-        return load_task(path)
+        task = load_task(path)
     except TaskError as exc:
         fail(str(exc))
-    raise AssertionError  # unreachable
+    _check_spec(task)
+    return task
+
+
+def _check_spec(task: Task) -> None:
+    """Import the task's spec in this (trusted) process: a syntax error or an exception at import is
+    one clear message naming the file and line, before anything is built or a run is recorded."""
+    from tools.spec import SpecError, load_spec
+
+    try:
+        load_spec(task.spec_path)
+    except SpecError as exc:
+        fail(str(exc))
 
 
 def parse_knobs(items: list[str] | None) -> dict[str, str]:
@@ -157,7 +199,7 @@ def _runs_root(runs_dir: Optional[Path], task: Optional[Path] = None) -> Path:
 
 
 def resolve_run(run: str, runs_dir: Optional[Path]) -> Path:
-    """A run id under the runs folder, a path to a run folder, or 'last'."""
+    """A run id under the runs folder, a unique prefix of one, a path to a run folder, or 'last'."""
     from agent.records import list_runs
 
     root = _runs_root(runs_dir)
@@ -171,10 +213,13 @@ def resolve_run(run: str, runs_dir: Optional[Path]) -> Path:
         return path
     if (root / run / "run.json").is_file():
         return root / run
-    matches = [p for p in root.glob(f"*{run}*") if (p / "run.json").is_file()] if root.is_dir() else []
+    ids = sorted(p.name for p in root.iterdir() if (p / "run.json").is_file()) if root.is_dir() else []
+    matches = [i for i in ids if i.startswith(run)] or [i for i in ids if run in i]
     if len(matches) == 1:
-        return matches[0]
-    fail(f"no run {run!r} in {root}" + (f" (ambiguous: {[m.name for m in matches]})" if matches else ""))
+        return root / matches[0]
+    if matches:
+        fail(f"run {run!r} is ambiguous in {root}; it matches:\n  " + "\n  ".join(matches) + "\ngive more of the id")
+    fail(f"no run {run!r} in {root}" + (f" (runs there: {len(ids)}; list them with `kloop runs`)" if ids else " (no runs there)"))
     raise AssertionError
 
 
@@ -235,25 +280,87 @@ def _default_agent() -> str:
     return "claude" if _has_api_key() else "tuner"
 
 
-def _progress_line(event) -> None:
-    """One line per event worth watching while a session runs."""
-    kind = event.kind
-    if kind == "llm_turn":
-        line = f"[dim]turn {event.turn}[/] {event.stop_reason} ${event.cost_usd:.4f}" + (
-            f" (total ${event.total_cost_usd:.2f})" if event.total_cost_usd is not None else "")
-    elif kind == "tool_call":
-        line = f"  {'[green]' if event.ok else '[red]'}{event.name}[/] {event.duration_s:.1f} s"
-    elif kind == "attempt_started":
-        line = f"[bold]attempt {event.attempt}[/]: {event.title}"
-    elif kind == "verdict":
-        line = f"  {'[green]accepted[/]' if event.accepted else '[red]rejected[/]'}: {event.reason[:200]}"
-    elif kind == "baseline":
-        line = "baseline built, checked and timed"
-    elif kind == "llm_retry":
-        line = f"  [yellow]API retry {event.attempt} in {event.wait_s:.1f} s[/]: {event.error[:120]}"
-    else:
-        return
-    err_console.print(line, highlight=False)
+class Progress:
+    """Live progress while a session runs: one line per turn, tool call, attempt and verdict, and a
+    status line with elapsed time while a build, check or timing runs."""
+
+    def __init__(self):
+        from agent.report import StageStatus
+
+        self.status = StageStatus(err_console)
+
+    def __call__(self, event) -> None:
+        kind = event.kind
+        if kind == "stage":
+            self._stage(event)
+            return
+        if kind in ("verdict", "baseline", "session_ended", "attempt_started", "llm_turn"):
+            self.status.stop()
+        if kind == "llm_turn":
+            line = f"[dim]turn {event.turn}[/] {event.stop_reason} ${event.cost_usd:.4f}" + (
+                f" (total ${event.total_cost_usd:.2f})" if event.total_cost_usd is not None else "")
+        elif kind == "tool_call":
+            line = f"  {'[green]' if event.ok else '[red]'}{event.name}[/] {event.duration_s:.1f} s"
+        elif kind == "attempt_started":
+            line = f"[bold]attempt {event.attempt}[/]: {event.title}"
+        elif kind == "verdict":
+            line = f"  {'[green]accepted[/]' if event.accepted else '[red]rejected[/]'}: {event.reason[:300]}"
+        elif kind == "baseline":
+            line = "baseline built, checked and timed"
+        elif kind == "llm_retry":
+            line = f"  [yellow]API retry {event.attempt} in {event.wait_s:.1f} s[/]: {event.error[:120]}"
+        else:
+            return
+        err_console.print(line, highlight=False)
+
+    def _stage(self, event) -> None:
+        who = "baseline" if event.attempt is None else f"attempt {event.attempt}"
+        if event.state == "started":
+            self.status.start(f"{who}: {event.stage.replace('-', ' ')}")
+            return
+        elapsed = self.status.stop()
+        if event.stage == "build" and event.ok is False:
+            err_console.print(f"  [red]build failed[/] after {event.seconds or elapsed or 0:.1f} s", highlight=False)
+        elif event.stage == "build":
+            err_console.print(f"  [dim]built in {event.seconds or elapsed or 0:.1f} s[/]", highlight=False)
+
+    def interrupted(self, message: str) -> None:
+        err_console.print(f"[bold yellow]{message}[/]", highlight=False)
+
+    def close(self) -> None:
+        self.status.stop()
+
+
+def _run_session(session, policy) -> str:
+    """Run with live progress; Ctrl-C is acknowledged at once; a second one exits 130 (the record
+    says interrupted); a failing session exits 1."""
+    from agent.session import SessionError
+
+    progress = Progress()
+    session.on_event = progress
+    session.on_interrupt = progress.interrupted
+    try:
+        return session.run(policy)
+    except SessionError as exc:
+        progress.close()
+        fail(str(exc), code=EXIT_FAILURE)
+    except KeyboardInterrupt:
+        progress.close()
+        err_console.print(f"[yellow]stopped now[/]: the running evaluation was killed and recorded as interrupted. "
+                          f"Continue with: kloop resume {session.record.info.run_id}", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    finally:
+        progress.close()
+    raise AssertionError
+
+
+def _finish(session, reason: str) -> None:
+    info = session.record.info
+    _print_log(session.record.dir, as_json=False)
+    err_console.print(f"session ended: {reason}. Review: kloop log {info.run_id}; kloop show {info.run_id}"
+                      + (f"; continue: kloop resume {info.run_id}" if reason == "interrupted" else ""), highlight=False)
+    if reason == "interrupted":
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 @app.command()
@@ -268,10 +375,10 @@ def optimize(
     context_limit: Optional[int] = typer.Option(None, help="Claude: prompt tokens past which the API clears old tool results (default 60% of the window)."),
     retry_hours: Optional[float] = typer.Option(None, help="Claude: hours to ride out API overload and rate limits before giving up (default 10 minutes)."),
     retry_max_wait: Optional[float] = typer.Option(None, help="Claude: longest single wait between API retries, seconds (backoff is exponential with jitter; default 300)."),
-    max_turns: Optional[int] = typer.Option(None, help="Claude: most model turns."),
-    max_cost: Optional[float] = typer.Option(None, help="Claude: most USD spent on the API."),
-    max_hours: Optional[float] = typer.Option(None, help="Wall-clock hours."),
-    max_attempts: Optional[int] = typer.Option(None, help="Most submissions to the gate."),
+    max_turns: Optional[int] = typer.Option(None, help="Claude: most model turns.", callback=_at_least(1, False)),
+    max_cost: Optional[float] = typer.Option(None, help="Claude: most USD spent on the API.", callback=_at_least(0, True)),
+    max_hours: Optional[float] = typer.Option(None, help="Wall-clock hours.", callback=_at_least(0, True)),
+    max_attempts: Optional[int] = typer.Option(None, help="Most submissions to the gate.", callback=_at_least(1, False)),
     allow_dirty: bool = typer.Option(False, help="Snapshot uncommitted changes of the task folder into the base."),
     runs_dir: Optional[Path] = typer.Option(None, help="Where run records go (default: $KLOOP_RUNS, else .kloop/runs of the task's repository)."),
     gate_seconds: float = typer.Option(4.0, help="Gate: timing seconds per decision."),
@@ -303,17 +410,12 @@ def optimize(
         from tools.agent_tools import session_toolbox
 
         session.toolbox = session_toolbox(session)
-    session.on_event = _progress_line
     info = session.record.info
     err_console.print(f"run [bold]{info.run_id}[/]: task {t.name}, policy {policy.name}, branch {info.branch}\n"
                       f"  worktree {info.worktree}\n  record   {session.record.dir}", highlight=False)
     _print_sandbox(info.sandbox)
-    try:
-        reason = session.run(policy)
-    except SessionError as exc:
-        fail(str(exc), code=1)
-    _print_log(session.record.dir, as_json=False)
-    err_console.print(f"session ended: {reason}. Review: kloop log {info.run_id}; kloop show {info.run_id}", highlight=False)
+    reason = _run_session(session, policy)
+    _finish(session, reason)
     _api_gave_up(reason, info.run_id)
 
 
@@ -327,40 +429,64 @@ def _print_sandbox(sandbox: dict) -> None:
 
 
 @app.command()
-def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'."),
+def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run folder, or 'last'."),
            runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
            model: Optional[str] = typer.Option(None, help="Claude model id (claude runs)."),
-           require_sandbox: bool = typer.Option(False, "--require-sandbox", help="Refuse to run without the sandbox.")) -> None:
-    """Continue a session that was stopped or killed, from its record."""
+           max_turns: Optional[int] = typer.Option(None, help="Claude: most model turns, for the whole run.", callback=_at_least(1, False)),
+           max_cost: Optional[float] = typer.Option(None, help="Claude: most USD for the whole run.", callback=_at_least(0, True)),
+           max_hours: Optional[float] = typer.Option(None, help="Wall-clock hours for the whole run.", callback=_at_least(0, True)),
+           max_attempts: Optional[int] = typer.Option(None, help="Most submissions for the whole run.", callback=_at_least(1, False)),
+           require_sandbox: bool = typer.Option(False, "--require-sandbox", help="Refuse to run without the sandbox."),
+           ) -> None:
+    """Continue a session that was stopped or killed, from its record (budgets count what was spent)."""
+    import dataclasses
+
+    from agent.policies.base import Budget
+    from agent.records import RunRecord
     from agent.runlock import RunLocked
     from agent.session import Session, SessionError
     from agent.workspace import WorkspaceError
+    from agent.session_cli import is_external, session_resume
     from tools.sandbox import status as sandbox_status
 
     run_dir = resolve_run(run, runs_dir)
-    from agent.records import RunRecord
-    from agent.session_cli import is_external, session_resume
-
-    if is_external(RunRecord.open(run_dir).info.policy):  # driven by an outside agent: reopen it for them
+    recorded_info = RunRecord.open(run_dir).info
+    if is_external(recorded_info.policy):  # driven by an outside agent: reopen it for them
         return session_resume(str(run_dir), repo=None, runs_dir=runs_dir, as_json=False)
+    recorded = Budget(**((recorded_info.config or {}).get("budget") or {}))
+    flags = {"max_turns": max_turns, "max_cost_usd": max_cost, "max_hours": max_hours, "max_attempts": max_attempts}
+    budget = None if all(v is None for v in flags.values()) else dataclasses.replace(
+        recorded, **{k: v for k, v in flags.items() if v is not None})
     try:
-        session = Session.resume(run_dir, require_sandbox=require_sandbox)
+        session = Session.resume(run_dir, budget=budget, require_sandbox=require_sandbox)
     except (RunLocked, WorkspaceError, SessionError) as exc:
         fail(str(exc))
     _print_sandbox(sandbox_status().as_dict())
-    config = session.record.info.config or {}
-    policy = make_policy(session.record.info.policy, model or config.get("model"), None, config.get("claude"))
+    info = session.record.info
+    config = info.config or {}
+    try:  # after the lock: a run held by a live process is refused first, whatever its policy
+        policy = make_policy(info.policy, model or config.get("model"), None, config.get("claude"))
+    except typer.Exit:
+        session.close()
+        raise
     if policy.name == "claude":
         from tools.agent_tools import session_toolbox
 
         session.toolbox = session_toolbox(session)
-    session.on_event = _progress_line
-    try:
-        reason = session.run(policy)
-    except SessionError as exc:
-        fail(str(exc), code=1)
-    err_console.print(f"session ended: {reason}", highlight=False)
-    _api_gave_up(reason, session.record.info.run_id)
+    spent = session.spent_before
+    err_console.print(f"resuming run [bold]{info.run_id}[/]: task {info.task}, policy {policy.name}, branch {info.branch}; "
+                      f"{session.attempts_made()} attempt(s) so far, {spent.hours * 60:.1f} min"
+                      + (f", {spent.turns} turns, ${spent.cost_usd:.2f}" if spent.turns else ""), highlight=False)
+    for line in session.repairs or ["nothing to repair: the record and the branch agree"]:
+        err_console.print(f"  repaired: {line}" if session.repairs else f"  {line}", highlight=False)
+    if session.recorded_baseline() is not None:
+        err_console.print("  baseline: the recorded figures are reused; the best is rebuilt, not re-timed", highlight=False)
+    offered = session.interrupted_attempt()
+    if offered:
+        err_console.print(f"  attempt {offered.number} ({offered.title}) was interrupted: offered to the policy again", highlight=False)
+    reason = _run_session(session, policy)
+    _finish(session, reason)
+    _api_gave_up(reason, info.run_id)
 
 
 @app.command()
@@ -374,7 +500,9 @@ def runs(runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
         emit_json([r.model_dump(mode="json") for r in rows])
         return
     table = Table(title=f"runs in {_runs_root(runs_dir)}")
-    for col in ("run", "task", "policy", "started", "attempts", "accepted", "best speedup", "state"):
+    # the run id is the handle every other command takes: never cut or wrapped
+    table.add_column("run", no_wrap=True, min_width=max((len(r.run_id) for r in rows), default=3))
+    for col in ("task", "policy", "started", "attempts", "accepted", "best speedup", "state"):
         table.add_column(col)
     for r in rows:
         state = r.error or (f"ended: {r.end_reason}" if r.ended else "open (resume it)")
@@ -404,13 +532,49 @@ def _commit_rows(repo_root: Path, branch: str, base: Optional[str]) -> list[dict
     return rows
 
 
+_NUM = r"(-?[0-9.]+(?:e-?[0-9]+)?)"
+
+
+def _numbers(row: dict) -> dict:
+    """A commit row for --json: the trailers' figures as numbers (the table shows the text)."""
+    import re
+
+    def num(text):
+        try:
+            return float(text) if text is not None else None
+        except ValueError:
+            return None
+
+    out = dict(row)
+    out["attempt"] = int(row["attempt"]) if row.get("attempt") and str(row["attempt"]).isdigit() else row.get("attempt")
+    out["speedup"] = num(row.get("speedup"))
+    lo, _, hi = (row.get("ci95") or "").partition("..")
+    out["ci95"] = [num(lo), num(hi)] if hi else None
+    times = {}
+    for shape, text in row.get("times", {}).items():
+        m = re.match(rf"{_NUM}ms -> {_NUM}ms \(x{_NUM}, {_NUM}\.\.{_NUM}, (\d+) pairs\)", text)
+        times[shape] = {"best_ms": float(m[1]), "candidate_ms": float(m[2]), "speedup": float(m[3]),
+                        "ci95": [float(m[4]), float(m[5])], "pairs": int(m[6])} if m else {"text": text}
+    out["times"] = times
+    regs = {}
+    for kernel, text in row.get("registers", {}).items():
+        m = re.match(r"(?:(\d+) -> )?(\d+) regs, spills (?:(\d+)/(\d+) -> )?(\d+)/(\d+) B", text)
+        regs[kernel] = {"registers": int(m[2]), "registers_before": int(m[1] or m[2]),
+                        "spill_store_bytes": int(m[5]), "spill_load_bytes": int(m[6])} if m else {"text": text}
+    out["registers"] = regs
+    return out
+
+
 def _print_log(run_dir: Path, as_json: bool) -> None:
     from agent.records import RunRecord
 
     info = RunRecord.open(run_dir).info
     rows = _commit_rows(Path(info.repo_root), info.branch, info.base_commit)
     if as_json:
-        emit_json({"run": info.run_id, "branch": info.branch, "base": info.base_commit, "commits": rows})
+        emit_json({"run": info.run_id, "branch": info.branch, "base": info.base_commit, "commits": [_numbers(r) for r in rows]})
+        return
+    if not rows:
+        console.print(f"no accepted changes on {info.branch} (base {info.base_commit[:10]})", highlight=False)
         return
     table = Table(title=f"accepted changes on {info.branch} (base {info.base_commit[:10]})", title_justify="left")
     for col in ("commit", "title", "speedup [95% CI]", "time per bench shape", "registers / spills"):
@@ -434,7 +598,7 @@ def log(run: str = typer.Argument("last", help="Run id, run folder, 'last', or a
     if run.startswith("kloop/"):
         rows = _commit_rows(repo, run, None)
         if as_json:
-            emit_json(rows)
+            emit_json([_numbers(r) for r in rows])
         else:
             for r in rows:
                 console.print(f"{r['commit'][:10]} x{r['speedup']} [{r['ci95']}] {r['title']}", highlight=False)
@@ -443,10 +607,12 @@ def log(run: str = typer.Argument("last", help="Run id, run folder, 'last', or a
 
 
 @app.command()
-def show(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."),
+def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), run folder, or 'last'."),
+         attempt: Optional[int] = typer.Argument(None, help="One attempt: its full reason, or its patch with --diff."),
+         diff: bool = typer.Option(False, "--diff", help="Print the attempt's patch (needs N)."),
          runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Every attempt of a run, accepted or not, and why."""
+    """Every attempt of a run, accepted or not, and why; `show RUN N --diff` prints attempt N's patch."""
     from agent.records import RunRecord
     from agent.session import attempts_from_events
 
@@ -454,6 +620,11 @@ def show(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."
     events = record.events()
     attempts = attempts_from_events(events)
     info = record.info
+    if diff and attempt is None:
+        fail("--diff needs an attempt number: kloop show RUN N --diff")
+    if attempt is not None:
+        _show_attempt(record, attempts, attempt, diff, as_json)
+        return
     if as_json:
         emit_json({"run": info.model_dump(mode="json"), "attempts": [a.__dict__ for a in attempts]})
         return
@@ -473,6 +644,35 @@ def show(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."
         console.print(f"ended: {ended[-1].reason}")
 
 
+def _show_attempt(record, attempts, number: int, diff: bool, as_json: bool) -> None:
+    found = [a for a in attempts if a.number == number]
+    if not found:
+        fail(f"run {record.info.run_id} has no attempt {number} (attempts: "
+             f"{', '.join(str(a.number) for a in attempts) or 'none'})")
+    a = found[0]
+    path = record.patch_path(number)
+    patch = record.read_patch(number) if path.is_file() else None
+    if as_json:
+        emit_json(a.__dict__ | ({"patch": patch} if diff else {}))
+        return
+    if diff:
+        if patch is None:
+            fail(f"attempt {number} has no patch in the record ({path} is missing)", code=EXIT_FAILURE)
+        sys.stdout.write(patch if patch.endswith("\n") or not patch else patch + "\n")
+        if not patch.strip():
+            err_console.print(f"(attempt {number}'s patch is empty: nothing changed against the best)")
+        return
+    verdict = "interrupted" if a.accepted is None else ("accepted" if a.accepted else "rejected")
+    console.print(f"[bold]attempt {a.number}[/]: {a.title}\n{verdict}: {a.reason}", highlight=False)
+    if a.rationale:
+        console.print(f"rationale: {a.rationale}", highlight=False)
+    if a.knobs:
+        console.print("knobs: " + " ".join(f"{k}={v}" for k, v in a.knobs.items()), highlight=False)
+    if a.commit:
+        console.print(f"commit: {a.commit}", highlight=False)
+    console.print(f"patch: kloop show {record.info.run_id} {a.number} --diff", highlight=False)
+
+
 @app.command()
 def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."),
            runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
@@ -485,7 +685,7 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
     report = do_replay(run_dir, repo=repo, on_row=None if as_json else
                        (lambda r: err_console.print(f"  replayed #{r.attempt}: {'accepted' if r.replayed_accepted else 'rejected'}", highlight=False)))
     if as_json:
-        emit_json(report.model_dump(mode="json") | {"ok": report.ok})
+        emit_json(report.model_dump(mode="json") | {"ok": report.ok, "counts": report.counts()})
     else:
         table = Table(title=f"replay of {report.run_id}", title_justify="left")
         for col in ("#", "title", "recorded", "replayed", "agree", "replayed reason"):
@@ -494,12 +694,44 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
             rec_txt = ("accepted" if r.recorded_accepted else "rejected") + (f" x{r.recorded_speedup:.4f}" if r.recorded_speedup else "")
             rep_txt = ("accepted" if r.replayed_accepted else f"rejected ({r.replayed_stage})") + (
                 f" x{r.replayed_speedup:.4f} [{r.replayed_lo:.4f}, {r.replayed_hi:.4f}]" if r.replayed_speedup else "")
-            table.add_row(str(r.attempt), r.title, rec_txt, rep_txt, "yes" if r.agrees else "[yellow]no[/]",
+            agree = "n/a (interrupted)" if r.interrupted else ("yes" if r.agrees else "[red]FLIPPED[/]")
+            table.add_row(str(r.attempt), r.title, rec_txt, rep_txt, agree,
                           ("[red]NO LONGER CORRECT[/] " if r.broken else "") + r.replayed_reason[:300])
         console.print(table)
         console.print(f"recorded on: {report.recorded_machine}\nreplayed on: {report.replay_machine or 'n/a'}", highlight=False)
+        summary = Table(title="summary", title_justify="left", show_header=False)
+        summary.add_column("what")
+        summary.add_column("count", justify="right")
+        for what, n in report.counts().items():
+            bad = n and what in ("accepted -> rejected", "rejected -> accepted", "no longer correct")
+            summary.add_row(what, f"[red]{n}[/]" if bad else str(n))
+        console.print(summary)
+        console.print("[green]every verdict reproduced[/]" if report.ok else "[red]verdicts flipped: the run does not replay here[/]")
     if not report.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _error_exit(exc: BaseException) -> int:
+    """One paragraph for an error that escaped a command (no internal traceback; KLOOP_DEBUG=1 shows it)."""
+    import os
+
+    from agent.records import RecordError
+    from agent.session import SessionError
+    from agent.workspace import WorkspaceError
+    from tools.spec import SpecError
+
+    if os.environ.get("KLOOP_DEBUG"):
+        import traceback
+
+        traceback.print_exception(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        err_console.print("[yellow]interrupted[/]")
+        return EXIT_INTERRUPTED
+    usage = isinstance(exc, (TaskError, SpecError, RecordError))
+    known = usage or isinstance(exc, (SessionError, WorkspaceError))
+    message = str(exc) if known else f"internal error: {type(exc).__name__}: {exc} (KLOOP_DEBUG=1 shows the traceback)"
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    return EXIT_USAGE if usage else EXIT_FAILURE
 
 
 # ---- see a session: report, serve, compare (agent/run_view.py, agent/report_html.py, agent/web.py) ----
@@ -581,8 +813,11 @@ _register_session_commands(app)
 
 
 def main() -> None:  # pragma: no cover
-    app()
+    try:
+        app()
+    except (Exception, KeyboardInterrupt) as exc:
+        sys.exit(_error_exit(exc))
 
 
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    main()

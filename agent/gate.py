@@ -111,6 +111,12 @@ class Gate:
         self.task = load_task(self.trusted_dir)
         self.task_rel = task_rel.strip("/")
         self.config = config or GateConfig()
+        # progress callback: on_stage(stage, state, ok=None, seconds=None), e.g. ("check", "started")
+        self.on_stage = None
+
+    def _stage(self, stage: str, state: str, **info) -> None:
+        if self.on_stage is not None:
+            self.on_stage(stage, state, **info)
 
     # -- stages ----------------------------------------------------------------------------------
     def out_of_scope(self, cand: Candidate) -> list[str]:
@@ -183,10 +189,13 @@ class Gate:
         if hits:
             return done(Verdict(accepted=False, stage="static", static_hits=hits,
                                 reason="forbidden patterns: " + "; ".join(hits)))
+        self._stage("build", "started")
         try:
             built = self.build(cand)
         except TaskError as exc:  # e.g. a knobs.toml with a value the manifest does not allow
+            self._stage("build", "finished", ok=False, seconds=time.monotonic() - started)
             return done(Verdict(accepted=False, stage="build", reason=str(exc)))
+        self._stage("build", "finished", ok=built.ok, seconds=time.monotonic() - started)
         if not built.ok:
             return done(Verdict(accepted=False, stage="build", build=built,
                                 reason="build failed: " + built.error_text()[:1500]))
@@ -201,6 +210,7 @@ class Gate:
         req = WorkerRequest(kind="check", task_dir=str(self.trusted_dir), libs=[built.lib],
                             shapes=[s.name for s in self.task.check_shapes], seed=check_seed,
                             rounds=self.config.check_rounds)
+        self._stage("check", "started")
         res = run_worker(req, timeout=self.task.manifest.timeout_s)
         if not res.ok or res.check is None:
             return done(Verdict(accepted=False, stage="check", build=built, device=res.device, check_seed=check_seed,
@@ -218,6 +228,7 @@ class Gate:
         """Paired timing in a fresh worker, then `judge`."""
         m = self.task.manifest
         timing_seed = secrets.randbits(62)
+        self._stage("timing", "started")
         res = run_worker(self.ab_request(best.lib, built.lib, timing_seed), timeout=m.timeout_s + 4 * self.config.max_seconds + 60)
         common = dict(build=built, check=check, device=res.device, check_seed=check_seed, timing_seed=timing_seed)
         if not res.ok or res.ab is None:

@@ -42,6 +42,17 @@ class ReplayRow(BaseModel):
         return self.recorded_accepted == self.replayed_accepted
 
     @property
+    def interrupted(self) -> bool:
+        """Recorded without a real verdict (the session stopped mid-gate): nothing to compare."""
+        return self.recorded_accepted is None or (
+            self.recorded_accepted is False and self.recorded_reason.startswith("interrupted"))
+
+    @property
+    def flipped(self) -> bool:
+        """The verdict changed either way (accepted -> rejected, or rejected -> accepted)."""
+        return not self.interrupted and not self.agrees
+
+    @property
     def broken(self) -> bool:
         """A recorded accept that no longer builds or passes its check here."""
         return bool(self.recorded_accepted) and self.replayed_stage in ("build", "check", "scope", "static", "patch")
@@ -55,7 +66,19 @@ class ReplayReport(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return not any(r.broken for r in self.rows)
+        """No recorded accept broken here and no verdict flipped (either way)."""
+        return not any(r.broken or r.flipped for r in self.rows)
+
+    def counts(self) -> dict[str, int]:
+        rows = self.rows
+        return {
+            "attempts": len(rows),
+            "agree": sum(1 for r in rows if not r.interrupted and r.agrees),
+            "accepted -> rejected": sum(1 for r in rows if r.flipped and r.recorded_accepted),
+            "rejected -> accepted": sum(1 for r in rows if r.flipped and not r.recorded_accepted),
+            "no longer correct": sum(1 for r in rows if r.broken),
+            "interrupted (not compared)": sum(1 for r in rows if r.interrupted),
+        }
 
 
 def changed_paths(patch: str) -> list[str]:

@@ -120,3 +120,67 @@ def _short(name: str, n: int = 60) -> str:
 
 def _g(x) -> str:
     return "-" if x is None else f"{x:.3g}"
+
+
+class StageStatus:
+    """One line saying what runs now and for how long ("attempt 3: check ... 12 s"), so a slow
+    or hung kernel is never silence. On a terminal it is redrawn in place; elsewhere (a pipe, a log)
+    it prints a line when the stage starts and again every `heartbeat_s` while it runs."""
+
+    def __init__(self, console: Console, heartbeat_s: float = 15.0):
+        import threading
+
+        self.console = console
+        self.heartbeat_s = heartbeat_s
+        self._lock = threading.Lock()
+        self._label: str | None = None
+        self._since = 0.0
+        self._status = None
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, label: str) -> None:
+        import threading
+        import time
+
+        self.stop()
+        with self._lock:
+            self._label, self._since = label, time.monotonic()
+            self._wake.clear()
+            if self.console.is_terminal:
+                self._status = self.console.status(f"{label} ...", spinner="dots")
+                self._status.start()
+            else:
+                self.console.print(f"  {label} ...", highlight=False)
+            self._thread = threading.Thread(target=self._tick, args=(label,), daemon=True)
+            self._thread.start()
+
+    def _tick(self, label: str) -> None:
+        import time
+
+        last_line = time.monotonic()
+        while not self._wake.wait(0.5):
+            with self._lock:
+                if self._label != label:
+                    return
+                elapsed = time.monotonic() - self._since
+                if self._status is not None:
+                    self._status.update(f"{label} ... {elapsed:.0f} s")
+                elif time.monotonic() - last_line >= self.heartbeat_s:
+                    self.console.print(f"  {label} ... still running ({elapsed:.0f} s)", highlight=False)
+                    last_line = time.monotonic()
+
+    def stop(self) -> float | None:
+        """End the current stage (if any); its elapsed seconds."""
+        import time
+
+        with self._lock:
+            if self._label is None:
+                return None
+            elapsed = time.monotonic() - self._since
+            self._label = None
+            self._wake.set()
+            if self._status is not None:
+                self._status.stop()
+                self._status = None
+        return elapsed

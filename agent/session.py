@@ -34,6 +34,70 @@ class SessionError(Exception):
     pass
 
 
+class StopNow(KeyboardInterrupt):
+    """A second Ctrl-C (or SIGTERM after a first): stop at once; the running worker is killed."""
+
+
+INTERRUPTED = "interrupted"
+INTERRUPT_ACK = "stopping after the current step; Ctrl-C again to stop now"
+
+
+@dataclass
+class StageEvent:
+    """Live progress from inside one gate evaluation (not recorded: the verdict holds the figures)."""
+
+    stage: str  # build, check, timing
+    state: str  # started, finished
+    attempt: int | None = None  # None: the baseline
+    ok: bool | None = None
+    seconds: float | None = None
+    kind: str = "stage"
+
+
+@dataclass
+class SpentBefore:
+    turns: int = 0
+    cost_usd: float = 0.0
+    hours: float = 0.0
+
+
+def spent_before(events: list) -> SpentBefore:
+    """Turns, API cost and wall hours of the run's earlier segments. A segment runs from a
+    session_started to its last event; what a resume logs while repairing (just before its own
+    session_started) is not part of the segment before it, or the time between a kill and the
+    resume would count."""
+    spent = SpentBefore()
+    segments: list[list] = []
+    for ev in events:
+        if isinstance(ev, rec.SessionStarted):
+            segments.append([ev])
+        elif segments:
+            segments[-1].append(ev)
+        if isinstance(ev, rec.LlmTurn):
+            spent.turns += 1
+            spent.cost_usd += ev.cost_usd
+    for i, seg in enumerate(segments):
+        if i + 1 < len(segments):
+            while len(seg) > 1 and _repair_event(seg[-1]):
+                seg.pop()
+        spent.hours += (max(e.t for e in seg) - seg[0].t).total_seconds() / 3600
+    return spent
+
+
+def _repair_event(ev) -> bool:
+    return (isinstance(ev, (rec.Restored, rec.Committed, rec.Note))
+            or (isinstance(ev, rec.Verdict) and ev.reason.startswith("interrupted: the session stopped")))
+
+
+def remaining(budget: Budget, spent: SpentBefore) -> Budget:
+    """The budget for this segment: the flags are totals for the run. Wall hours already spent are
+    taken off here; attempts are counted over the whole record already; turns and API cost are
+    summed from the record by the Claude policy itself (agent/policies/claude.py, `spent_so_far`)."""
+    import dataclasses
+
+    return dataclasses.replace(budget, max_hours=None if budget.max_hours is None else budget.max_hours - spent.hours)
+
+
 @dataclass
 class Attempt:
     """One submission as the record tells it."""
@@ -104,6 +168,12 @@ class Session:
         self.started = time.monotonic()
         self.interrupted: str | None = None
         self.on_event = None  # called with each event after it is recorded (live progress display)
+        self.on_interrupt = None  # called with the acknowledgement of a first Ctrl-C (else: stderr)
+        self.repairs: list[str] = []  # what `repair` fixed after a kill, for people
+        self.spent_before = SpentBefore()  # budget used by earlier segments of this run (resume)
+        self.current_attempt: int | None = None
+        self.discarded = False  # the run was removed whole (its baseline failed)
+        gate.on_stage = self._on_stage
         self.lock: RunLock | None = None  # one process per run: held from start/resume to the end of run()
         self.sandbox: SandboxStatus | None = None  # what isolates untrusted code here (known once opened)
 
@@ -157,8 +227,10 @@ class Session:
             if require_sandbox:
                 gate_config = gate_config.model_copy(update={"require_sandbox": True})
             sandbox = _sandbox_status(gate_config.require_sandbox)
-            budget = budget or Budget(**cfg.get("budget", {}))
-            session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), budget, gate_config)
+            total = budget or Budget(**cfg.get("budget", {}))
+            session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), total, gate_config)
+            session.spent_before = spent_before(record.events())
+            session.budget = remaining(total, session.spent_before)  # flags are totals for the run
             session.lock = held
             session.sandbox = sandbox
             if note:
@@ -176,6 +248,8 @@ class Session:
             session.repair()
             session.log("session_started", resumed=True)
             session._say_sandbox(session.sandbox)
+            if budget is not None:
+                session.log("note", text="budget on resume (totals for the run)", data={"budget": session.budget.__dict__})
         except BaseException:
             session.close()
             raise
@@ -226,8 +300,12 @@ class Session:
             if a.commit is None:  # killed between the commit and its record
                 self.log("committed", attempt=a.number, commit=sha)
                 a.commit = sha
+                self.repairs.append(f"recorded commit {sha[:10]} of accepted attempt {a.number} (killed before its record)")
         if keep != self.ws.head():
+            shas = [c for c, _ in commits]
+            cut = shas[shas.index(keep) + 1:] if keep in shas else shas
             self.ws.reset_branch(keep)
+            self.repairs.append(f"cut {len(cut)} commit(s) no accepted verdict stands behind: {', '.join(c[:10] for c in cut)}")
             repaired = True
         self.best_commit = keep
         # 2. an accepted verdict whose commit never happened: land it now (the gate already decided)
@@ -238,18 +316,40 @@ class Session:
                 sha = self.ws.commit(self._message(a.title, a.rationale, a.figures, a.number))
                 self.log("committed", attempt=a.number, commit=sha)
                 self.best_commit = sha
+                self.repairs.append(f"landed accepted attempt {a.number} as commit {sha[:10]} (killed before its commit)")
                 repaired = True
         # 3. an attempt with no verdict was interrupted mid-gate: it counts, and is rejected
         for a in attempts:
             if a.accepted is None:
                 self.log("verdict", attempt=a.number, accepted=False, reason="interrupted: the session stopped during evaluation",
                          figures={"stage": "interrupted"})
+                self.repairs.append(f"marked attempt {a.number} ({a.title}) as interrupted: it had no verdict")
                 repaired = True
         if repaired or not keep_edits:
             self.ws.restore(self.best_commit)
             self.log("restored", to=self.best_commit)
 
     # ---- baseline ------------------------------------------------------------------------------
+    def recorded_baseline(self) -> dict[str, Any] | None:
+        base = [e for e in self.events() if isinstance(e, rec.Baseline)]
+        return dict(base[-1].figures) if base else None
+
+    def reuse_baseline(self) -> bool:
+        """On resume: take the recorded baseline figures and rebuild the best from the branch (no
+        check, no timing: the gate already passed it). False when there is nothing to reuse."""
+        figures = self.recorded_baseline()
+        if figures is None:
+            return False
+        self._on_stage("build", "started")
+        started = time.monotonic()
+        built = self.gate.build(Candidate(self.ws.task_path, []))
+        self._on_stage("build", "finished", ok=built.ok, seconds=time.monotonic() - started)
+        if not built.ok:
+            return False
+        self.best_build, self.baseline = built, figures
+        self.repairs.append(f"reused the recorded baseline; rebuilt the best ({self.best_commit[:10]}) without re-timing")
+        return True
+
     def establish_baseline(self, task_dir: Path | None = None) -> Verdict:
         """Build and check the best (the base, or the last accepted commit on resume), as found in
         `task_dir` (default: the worktree's task folder, which must then hold no edits)."""
@@ -263,6 +363,7 @@ class Session:
         try:
             from tools.evaluate import run_bench
 
+            self._on_stage("timing", "started")
             res = run_bench(self.trusted_task, verdict.build.lib, comparators=True, seconds_per_shape=0.5,
                             trusted_dir=self.gate.trusted_dir)
             if res.bench:
@@ -296,7 +397,7 @@ class Session:
         if not changed:
             verdict = Verdict(accepted=False, stage="scope", reason="nothing changed against the best")
         else:
-            verdict = self.gate.evaluate(Candidate(self.ws.task_path, changed), self.best_build)
+            verdict = self._evaluate_or_record_interrupt(number, changed)
         self.log("verdict", attempt=number, accepted=verdict.accepted, reason=verdict.reason, figures=verdict.figures())
         if verdict.accepted:
             sha = self.ws.commit(self._message(title, rationale, verdict.figures(), number))
@@ -306,6 +407,31 @@ class Session:
             self.ws.restore(self.best_commit)
             self.log("restored", to=self.best_commit, attempt=number)
         return verdict
+
+    def _evaluate_or_record_interrupt(self, number: int, changed: list[str]) -> Verdict:
+        """The gate's verdict; a second Ctrl-C mid-gate (the worker already killed) records the
+        attempt as interrupted and returns the tree to best before the stop goes on."""
+        self.current_attempt = number
+        try:
+            return self.gate.evaluate(Candidate(self.ws.task_path, changed), self.best_build)
+        except KeyboardInterrupt:
+            self.log("verdict", attempt=number, accepted=False, figures={"stage": INTERRUPTED},
+                     reason="interrupted: stopped by the user during evaluation (Ctrl-C twice)")
+            self.ws.restore(self.best_commit)
+            self.log("restored", to=self.best_commit, attempt=number)
+            raise
+        finally:
+            self.current_attempt = None
+
+    def _on_stage(self, stage: str, state: str, ok: bool | None = None, seconds: float | None = None) -> None:
+        if self.on_event is not None:
+            self.on_event(StageEvent(stage, state, self.current_attempt, ok, None if seconds is None else round(seconds, 2)))
+
+    def interrupted_attempt(self) -> Attempt | None:
+        """The last attempt when a stop cut its evaluation short (offered again on resume)."""
+        attempts = self.attempts()
+        last = attempts[-1] if attempts else None
+        return last if last and last.accepted is False and last.reason.startswith("interrupted") else None
 
     def revert(self) -> str:
         self.ws.restore(self.best_commit)
@@ -335,7 +461,28 @@ class Session:
         text = briefing(self)
         if self.attempts_made() or self.notes_path.is_file():
             text += "\n\n## Where things stand (this session was resumed)\n\n" + self.memory()
+            offered = self.offer_interrupted()
+            if offered:
+                text += "\n\n" + offered
         return text
+
+    def offer_interrupted(self) -> str | None:
+        """Put an interrupted attempt's changes back in the worktree (from attempts/NNN.patch) and say
+        so; None when there is none or it no longer applies. Only a policy that edits files is told."""
+        a = self.interrupted_attempt()
+        if a is None or not self.record.patch_path(a.number).is_file():
+            return None
+        patch = self.record.read_patch(a.number)
+        if not patch.strip() or self.ws.changed_paths(against=self.best_commit):
+            return None
+        try:
+            self.ws.apply_patch(patch)
+        except Exception:  # the best moved on since: just say what it was
+            self.ws.restore(self.best_commit)
+            return (f"Attempt {a.number} ({a.title!r}) was interrupted before the gate decided; its patch no longer "
+                    "applies to the best.")
+        return (f"Attempt {a.number} ({a.title!r}) was interrupted before the gate decided. Its changes are back in "
+                "the worktree: submit them to have them judged (or revert to drop them).")
 
     def memory(self) -> str:
         from agent.briefing import memory
@@ -350,34 +497,79 @@ class Session:
 
     # ---- running -------------------------------------------------------------------------------
     def run(self, policy) -> str:
-        """Run `policy` to the end; the branch is left at best whatever happens."""
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        """Run `policy` to the end; the branch is left at best whatever happens.
 
-        def on_signal(signum, _frame):
-            self.interrupted = f"signal {signal.Signals(signum).name}"
-
-        for s in previous:
-            signal.signal(s, on_signal)
+        A first Ctrl-C (or SIGTERM) is acknowledged at once and stops after the current step; a
+        second one stops now: the running worker's process group is killed, the attempt is recorded
+        as interrupted and StopNow (a KeyboardInterrupt) propagates after `session_ended`. A fresh
+        run whose baseline fails leaves nothing behind (no branch, no worktree, no record)."""
+        previous = self._install_signal_handlers()
         reason = "error"
         try:
-            if self.best_build is None:
-                self.establish_baseline()
+            if self.best_build is None and not self.reuse_baseline():
+                self._baseline_or_discard()
             reason = policy.run(self) or "done"
         except SessionError as exc:
             reason = f"error: {exc}"
             raise
+        except KeyboardInterrupt:
+            reason = self.interrupted = INTERRUPTED
+            raise
         finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
             try:
-                self.ws.restore(self.best_commit)
-                self.ws.remove()  # the branch holds the result; `resume` recreates the worktree
+                if not self.discarded:
+                    try:
+                        self.ws.restore(self.best_commit)
+                        self.ws.remove()  # the branch holds the result; `resume` recreates the worktree
+                    finally:
+                        self.log("session_ended", reason=self.interrupted or reason)
             finally:
-                try:
-                    self.log("session_ended", reason=self.interrupted or reason)
-                finally:
-                    self.close()
+                self.close()
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
         return self.interrupted or reason
+
+    def _install_signal_handlers(self) -> dict:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # signals reach only the main thread; a session run elsewhere is stopped by its owner
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum, _frame):
+            if self.interrupted is None:
+                self.interrupted = INTERRUPTED
+                (self.on_interrupt or _print_stderr)(INTERRUPT_ACK)
+                return
+            raise StopNow(f"stopped now ({signal.Signals(signum).name})")
+
+        for sig in previous:
+            signal.signal(sig, on_signal)
+        return previous
+
+    def _baseline_or_discard(self) -> None:
+        """The baseline of a run; when a fresh run's starting point fails its own gate, the run is
+        removed whole (worktree, branch, record) and SessionError says why."""
+        try:
+            self.establish_baseline()
+        except SessionError as exc:
+            if self.attempts_made() or any(getattr(e, "resumed", False) for e in self.events()):
+                raise
+            self.discard()
+            raise SessionError(f"{exc}\nnothing was kept: the run's branch, worktree and record were removed") from None
+
+    def discard(self) -> None:
+        """Remove every trace of this run (only for a run that never got past its baseline)."""
+        from agent.workspace import _git
+
+        self.discarded = True
+        try:
+            self.ws.remove()
+        finally:
+            if Path(self.ws.repo_root).is_dir():
+                _git(Path(self.ws.repo_root), "branch", "-D", self.ws.branch)
+            self.close()  # the lock lives in the run folder
+            shutil.rmtree(self.record.dir, ignore_errors=True)
 
     # ---- evidence ------------------------------------------------------------------------------
     def _message(self, title: str, rationale: str, figures: dict, number: int) -> str:
@@ -422,6 +614,11 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
     out.append(("Kloop-Run", run_id))
     out.append(("Kloop-Attempt", str(number)))
     return out
+
+
+def _print_stderr(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
 
 
 def _ms(seconds: float) -> str:

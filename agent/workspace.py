@@ -119,8 +119,9 @@ def _git(
     full_env.update(env or {})
     cmd = [GIT, "-C", str(repo), "--no-optional-locks", "-c", "core.hooksPath=/dev/null", *args]
     try:
+        # its own session: a terminal's first Ctrl-C ("stop after this step") must not kill git mid-write
         proc = subprocess.run(cmd, input=stdin, capture_output=True, cwd="/", env=full_env,
-                              stdin=None if stdin is not None else subprocess.DEVNULL)
+                              stdin=None if stdin is not None else subprocess.DEVNULL, start_new_session=True)
     except OSError as exc:
         raise WorkspaceError(f"git could not be run ({GIT}): {exc}") from None
     if proc.returncode != 0:

@@ -287,8 +287,10 @@ def build(
     try:
         # in the sandbox: the build folder (the task's copy and the outputs) and the toolchain only
         argv = wrap([_ninja(), "-C", str(work)], writable=[work], cwd=work, env=minimal_env(home=work))
+        # its own session: a first Ctrl-C at the terminal ("stop after this step") must not kill the build
+        # under way; a second one raises here and subprocess.run kills it
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=work,
-                              env=minimal_env(home=work))
+                              env=minimal_env(home=work), start_new_session=True)
         ninja_out = proc.stdout + proc.stderr
         ok = proc.returncode == 0
     except subprocess.TimeoutExpired:

@@ -75,7 +75,20 @@ class Spec:
         except SpecError:
             raise
         except Exception as exc:
-            raise SpecError(f"{self.path}: {name}() raised {type(exc).__name__}: {exc}") from exc
+            raise SpecError(f"{_where(exc, self.path)}: {name}() raised {type(exc).__name__}: {exc}") from exc
+
+
+def _where(exc: BaseException, path: Path) -> str:
+    """`spec.py:LINE` of the innermost frame of the traceback inside the spec file (else the path)."""
+    if isinstance(exc, SyntaxError) and exc.lineno and exc.filename and Path(exc.filename).resolve() == Path(path).resolve():
+        return f"{path}:{exc.lineno}"
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if Path(tb.tb_frame.f_code.co_filename).resolve() == Path(path).resolve():
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f"{path}:{line}" if line else str(path)
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -89,11 +102,14 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"{path}: cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # never a __pycache__ in a task folder
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(mod_name, None)
-        raise SpecError(f"{path}: importing the spec raised {type(exc).__name__}: {exc}") from exc
+        raise SpecError(f"{_where(exc, path)}: importing the spec raised {type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.dont_write_bytecode = saved
     for name in REQUIRED:
         if not callable(getattr(module, name, None)):
             raise SpecError(f"{path}: attribute {name!r} is missing or not a function (a spec must define {', '.join(REQUIRED)})")

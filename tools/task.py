@@ -19,6 +19,7 @@ KnobValue = int | float | str | bool
 MANIFEST = "task.toml"
 # the session's knob settings, versioned beside the sources; absent means the manifest's defaults
 KNOBS_FILE = "knobs.toml"
+DEFAULT_CPU_MEMORY_LIMIT_GB = 8.0
 
 
 class TaskError(Exception):
@@ -101,6 +102,11 @@ class Manifest(Strict):
     min_gain: float = Field(default=0.01, ge=0, lt=1)
     max_regression: float = Field(default=0.03, ge=0, lt=1)
     timeout_s: float = Field(default=300, gt=0)
+    # host memory one evaluation worker may use (GiB), applied as RLIMIT_DATA (private writable memory:
+    # heap, anonymous mmaps). None: 8 GiB for CPU tasks; for CUDA tasks no limit unless set here, since
+    # the CUDA driver's address-space reservations must not be refused (RLIMIT_DATA does not count them,
+    # but this is not yet measured on a GPU).
+    memory_limit_gb: float | None = Field(default=None, gt=0)
     # which unit the FLOPs run on, for the roofline: its peak rate comes from agent/briefing.py
     compute_unit: Literal["fp32", "bf16_tensor", "fp8_tensor", "fp64"] = "fp32"
 
@@ -166,6 +172,14 @@ class Task:
     @property
     def spec_path(self) -> Path:
         return self.root / self.manifest.spec
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        """The worker's memory limit (see Manifest.memory_limit_gb); None: unlimited."""
+        gb = self.manifest.memory_limit_gb
+        if gb is None:
+            gb = DEFAULT_CPU_MEMORY_LIMIT_GB if self.target == "cpu" else None
+        return int(gb * 2**30) if gb else None
 
     # -- shapes --------------------------------------------------------------------------------
     @property

@@ -17,6 +17,15 @@ from tools.task import KnobValue
 from tools.sweep import SweepRow, format_sweep, knob_grid, sweep
 
 EXHAUSTIVE_MAX = 64
+RANKING_NOTE = "tuner ranking"  # the note holding the sweep's rows (read back on resume)
+
+
+class _SweepStopped(Exception):
+    """The session was told to stop during the sweep (nothing ranked is recorded: resume sweeps again)."""
+
+
+def _key(knobs: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in knobs.items()))
 
 
 class TunerPolicy:
@@ -42,8 +51,14 @@ class TunerPolicy:
         return self._sample(ctx)
 
     def _sweep(self, ctx, configs: list[dict[str, KnobValue]]) -> list[SweepRow]:
+        def on_row(i: int, n: int, row: SweepRow) -> None:
+            if n > 1:
+                self._progress(i, n, row)
+            if i < n and ctx.stop_reason():  # a Ctrl-C: stop after this setting, not after the whole sweep
+                raise _SweepStopped()
+
         return sweep(ctx.gate.task, configs, src_root=ctx.ws.task_path, trusted_dir=ctx.gate.trusted_dir,
-                     seconds_per_shape=self.seconds, on_row=self._progress if len(configs) > 1 else None)
+                     seconds_per_shape=self.seconds, on_row=on_row)
 
     def _progress(self, i: int, n: int, row: SweepRow) -> None:
         knobs = " ".join(f"{k}={v}" for k, v in row.knobs.items())
@@ -73,16 +88,26 @@ class TunerPolicy:
 
     # -- the policy ----------------------------------------------------------------------------
     def run(self, ctx) -> str:
-        rows = self.rank(ctx)
+        rows = self.recorded_ranking(ctx)
+        if rows is None:
+            try:
+                rows = self.rank(ctx)
+            except _SweepStopped:
+                return ctx.stop_reason() or "stopped"
+            ctx.log("note", text=RANKING_NOTE, data={"rows": [r.model_dump(mode="json") for r in rows]})
+        else:
+            self.console.print(f"[bold]tuner[/]: the sweep is in the record ({len(rows)} settings); not repeated")
         if not rows:
             return "no knobs to tune"
         current = ctx.gate.task.knob_settings(ctx.ws.task_path)
         self.console.print(format_sweep(rows, baseline=current), highlight=False, markup=False)
-        ctx.log("note", text="tuner ranking", data={"rows": [r.model_dump(mode="json") for r in rows[:16]]})
+        done = self.judged_settings(ctx)
         best_score = next((r.score for r in rows if r.knobs == current and r.ok), None)
         misses = 0
         for row in rows:
             if not row.ok or row.knobs == current:
+                continue
+            if _key(row.knobs) in done:  # judged in an earlier segment of this run (an interrupted one is offered again)
                 continue
             if best_score is not None and row.score is not None and row.score >= best_score:
                 break  # the rest ranked slower than the best: nothing left to win
@@ -102,6 +127,22 @@ class TunerPolicy:
                 if misses >= self.patience:
                     return f"{self.patience} rejections in a row"
         return "search exhausted"
+
+    # -- resume --------------------------------------------------------------------------------
+    @staticmethod
+    def recorded_ranking(ctx) -> list[SweepRow] | None:
+        """The sweep an earlier segment of this run recorded (None: sweep now)."""
+        notes = [e for e in ctx.events() if e.kind == "note" and e.text == RANKING_NOTE]
+        if not notes:
+            return None
+        return [SweepRow.model_validate(r) for r in notes[-1].data.get("rows", [])]
+
+    @staticmethod
+    def judged_settings(ctx) -> set[tuple]:
+        """Knob settings already submitted and judged; an attempt cut short ('interrupted') is not
+        judged, so the tuner submits it again."""
+        return {_key(a.knobs) for a in ctx.attempts()
+                if a.knobs and a.accepted is not None and not a.reason.startswith("interrupted")}
 
     @staticmethod
     def _rel(best: float | None, score: Any) -> str:

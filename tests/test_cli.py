@@ -1,0 +1,196 @@
+"""The CLI's everyday edges, without running a gate: --version, budget flags, run ids (full, by
+unique prefix, ambiguous), `show RUN N --diff`, `log --json` numbers, replay's flip rule, errors
+without tracebacks, worker scratch clean-up and the private request file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agent import __version__
+from agent.cli import _numbers, app
+from agent.records import RunInfo, RunRecord
+from agent.replay import ReplayReport, ReplayRow
+from agent.session import evidence_trailers
+from agent.trailers import parse_trailers, format_commit_message
+from tools.runner import SCRATCH_PREFIX, remove_stale_scratch
+
+ROOT = Path(__file__).resolve().parents[1]
+MATMUL = ROOT / "kernels" / "matmul_cpu"
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), env={"COLUMNS": "60"})
+
+
+def kloop(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "80", "PYTHONPATH": str(ROOT)}, timeout=300)
+
+
+def fake_run(root: Path, run_id: str, patch: str = "") -> RunRecord:
+    info = RunInfo(run_id=run_id, task="matmul_cpu", task_rel="kernels/matmul_cpu", task_path=root / "t",
+                   policy="tuner", base_commit="0" * 40, branch=f"kloop/{run_id}", repo_root=root, worktree=root / "w")
+    record = RunRecord.create(root, info)
+    record.log("session_started")
+    if patch:
+        path = record.write_patch(1, patch)
+        record.log("attempt_started", attempt=1, title="Unroll k", patch=str(path.relative_to(record.dir)))
+        record.log("verdict", attempt=1, accepted=False, reason="not measurably faster", figures={"speedup": 1.001})
+    return record
+
+
+def test_version():
+    res = invoke("--version")
+    assert res.exit_code == 0 and res.output.strip() == f"kloop {__version__}"
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--max-cost", "-5", "greater than 0"), ("--max-attempts", "0", "at least 1"),
+    ("--max-turns", "0", "at least 1"), ("--max-hours", "-1", "greater than 0"), ("--max-cost", "0", "greater than 0"),
+])
+@pytest.mark.parametrize("command", ["optimize", "resume"])
+def test_budget_flags_are_validated(command, flag, value, words):
+    target = "matmul_cpu" if command == "optimize" else "some-run"
+    res = invoke(command, target, flag, value)
+    assert res.exit_code == 2, res.output
+    assert flag in res.output and words in res.output
+
+
+def test_runs_prints_full_ids_and_commands_take_a_unique_prefix(tmp_path):
+    ids = ["20261201-070000-matmul-cpu-aaaa", "20261201-070001-matmul-cpu-bbbb", "20261202-080000-matmul-cpu-cccc"]
+    for run_id in ids:
+        fake_run(tmp_path, run_id, patch="diff --git a/x b/x\n")
+    res = invoke("runs", "--runs-dir", str(tmp_path))  # a narrow terminal must not cut the ids
+    assert res.exit_code == 0
+    for run_id in ids:
+        assert run_id in res.output
+    res = invoke("show", "20261202", "--runs-dir", str(tmp_path))
+    assert res.exit_code == 0 and "20261202-080000-matmul-cpu-cccc" in res.output
+    res = invoke("show", "20261201-07", "--runs-dir", str(tmp_path))
+    assert res.exit_code == 2 and "ambiguous" in res.output
+    assert ids[0] in res.output and ids[1] in res.output and ids[2] not in res.output
+    res = invoke("show", "2025", "--runs-dir", str(tmp_path))
+    assert res.exit_code == 2 and "no run '2025'" in res.output
+
+
+def test_show_attempt_diff_prints_the_recorded_patch(tmp_path):
+    patch = ("diff --git a/kernels/matmul_cpu/matmul.cpp b/kernels/matmul_cpu/matmul.cpp\n"
+             "--- a/kernels/matmul_cpu/matmul.cpp\n+++ b/kernels/matmul_cpu/matmul.cpp\n"
+             "@@ -1 +1 @@\n-int x = 0;\n+int x = 1;\n")
+    record = fake_run(tmp_path, "20261201-070000-matmul-cpu-dddd", patch=patch)
+    res = invoke("show", record.info.run_id, "1", "--diff", "--runs-dir", str(tmp_path))
+    assert res.exit_code == 0 and res.output == patch
+    table = invoke("show", record.info.run_id, "--runs-dir", str(tmp_path))
+    assert table.exit_code == 0 and "Unroll k" in table.output and "rejected" in table.output
+    one = invoke("show", record.info.run_id, "1", "--runs-dir", str(tmp_path))
+    assert "not measurably faster" in one.output and "--diff" in one.output
+    missing = invoke("show", record.info.run_id, "7", "--diff", "--runs-dir", str(tmp_path))
+    assert missing.exit_code == 2 and "no attempt 7" in missing.output
+    assert invoke("show", record.info.run_id, "--diff", "--runs-dir", str(tmp_path)).exit_code == 2
+
+
+def test_log_json_numbers_are_numbers():
+    figures = {"speedup": 1.2345, "speedup_lo": 1.2, "speedup_hi": 1.27,
+               "ab": {"shapes": [{"shape": "sq192", "time_a": 0.00123, "time_b": 0.001, "speedup": 1.23,
+                                  "speedup_lo": 1.2, "speedup_hi": 1.26, "pairs": 24}], "pairs": 24,
+                      "timing_seconds": 3.0, "stopped_because": "interval"},
+               "build": {"kernels": [{"name": "kloop_matmul", "registers": 80, "spill_store_bytes": 0, "spill_load_bytes": 4}]}}
+    message = format_commit_message("Unroll", "because", evidence_trailers(figures, None, "run-1", 3))
+    trailers = parse_trailers(message)
+    t = dict(trailers)
+    row = {"commit": "abc", "title": "Unroll", "attempt": t["Kloop-Attempt"], "speedup": t["Kloop-Speedup"],
+           "ci95": t["Kloop-Speedup-CI95"], "run": t["Kloop-Run"],
+           "times": {k.removeprefix("Kloop-Time-"): v for k, v in trailers if k.startswith("Kloop-Time-")},
+           "registers": {k.removeprefix("Kloop-Regs-"): v for k, v in trailers if k.startswith("Kloop-Regs-")}}
+    out = json.loads(json.dumps(_numbers(row)))
+    assert out["attempt"] == 3 and out["speedup"] == pytest.approx(1.2345)
+    assert out["ci95"] == [pytest.approx(1.2), pytest.approx(1.27)]
+    sq = out["times"]["sq192"]
+    assert sq["best_ms"] == pytest.approx(1.23) and sq["candidate_ms"] == pytest.approx(1.0) and sq["pairs"] == 24
+    assert out["registers"]["kloop-matmul"] == {"registers": 80, "registers_before": 80,
+                                                "spill_store_bytes": 0, "spill_load_bytes": 4}
+
+
+def test_replay_flips_either_way_fail_but_interrupted_rejections_do_not():
+    def row(n, recorded, replayed, reason=""):
+        return ReplayRow(attempt=n, title="t", recorded_accepted=recorded, recorded_reason=reason,
+                         replayed_accepted=replayed, replayed_stage="timing" if not replayed else "accepted")
+
+    agree = ReplayReport(run_id="r", recorded_machine="m", rows=[row(1, True, True), row(2, False, False)])
+    assert agree.ok
+    assert not ReplayReport(run_id="r", recorded_machine="m", rows=[row(1, True, False)]).ok
+    up = ReplayReport(run_id="r", recorded_machine="m", rows=[row(1, False, True, "not measurably faster")])
+    assert not up.ok and up.counts()["rejected -> accepted"] == 1
+    cut = ReplayReport(run_id="r", recorded_machine="m", rows=[row(1, False, True, "interrupted: the session stopped")])
+    assert cut.ok and cut.counts()["interrupted (not compared)"] == 1
+
+
+def test_bad_task_bad_spec_and_bad_run_are_one_paragraph(tmp_path):
+    res = kloop("eval", str(tmp_path / "nothere"))
+    assert res.returncode == 2 and "no task" in res.stderr and "Traceback" not in res.stderr
+    task = tmp_path / "matmul_cpu"
+    shutil.copytree(MATMUL, task)
+    spec = task / "spec.py"
+    lines = spec.read_text().splitlines()
+    lines.insert(3, "def broken(:")
+    spec.write_text("\n".join(lines) + "\n")
+    res = kloop("eval", str(task), "--no-bench")
+    assert res.returncode == 2 and "Traceback" not in res.stderr + res.stdout
+    assert f"{spec}:4" in res.stderr.replace("\n", "") and "SyntaxError" in res.stderr
+    lines[3] = "raise ValueError('no such dtype')"
+    spec.write_text("\n".join(lines) + "\n")
+    res = kloop("optimize", str(task), "--agent", "tuner", "--runs-dir", str(tmp_path / "runs"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"{spec}:4" in res.stderr.replace("\n", "") and "no such dtype" in res.stderr
+    assert not (tmp_path / "runs").exists()
+    res = kloop("resume", "nosuchrun", "--runs-dir", str(tmp_path / "runs"))
+    assert res.returncode == 2 and "no run 'nosuchrun'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_stale_worker_scratch_is_removed(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{SCRATCH_PREFIX}{dead.pid}-abc"
+    live = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-def"
+    for d in (stale, live):
+        d.mkdir()
+        (d / "request.json").write_text('{"seed": 1}')
+    removed = remove_stale_scratch(tmp_path)
+    assert removed == [stale] and not stale.exists() and live.exists()
+
+
+def test_worker_scratch_is_named_after_its_owner_and_the_request_is_private():
+    """The request (it holds the gate's seed) is owner-only from the start; the scratch folder names
+    this process, so the next start can tell a dead owner's folder."""
+    from tools.protocol import WorkerRequest
+    from tools.runner import run_worker
+
+    wrap = ["sh", "-c", 'echo "SEEN $(stat -c %a "$4") $4"; exit 3', "sh"]  # in place of the worker
+    res = run_worker(WorkerRequest(kind="probe", task_dir=str(MATMUL)), timeout=120, prefix=wrap)
+    assert not res.ok and "exited with status 3" in res.error
+    mode, path = res.error.split("SEEN ", 1)[1].split()[:2]
+    assert mode == "600", res.error
+    assert Path(path).parent.name.startswith(f"{SCRATCH_PREFIX}{os.getpid()}-")
+    assert not Path(path).parent.exists()  # removed when the worker is done
+    assert Path(tempfile.gettempdir()) == Path(path).parent.parent
+
+
+def test_loading_a_spec_writes_nothing_in_the_task_folder(tmp_path):
+    """The CLI imports the spec up front (clear errors): that must not leave a __pycache__ behind,
+    which would make the user's task folder dirty."""
+    from tools.spec import load_spec
+
+    task = tmp_path / "matmul_cpu"
+    shutil.copytree(MATMUL, task, ignore=shutil.ignore_patterns("__pycache__"))
+    load_spec(task / "spec.py")
+    assert sorted(p.name for p in task.iterdir()) == ["matmul.cpp", "spec.py", "task.toml"]
