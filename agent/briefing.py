@@ -28,7 +28,7 @@ def _time(s: float | None) -> str:
 
 def bench_table(session) -> str:
     task: Task = session.gate.task
-    flops_peak, bytes_peak = peak_rates(task, session)
+    flops_peak, bytes_peak = peak_rates(task, session.baseline.get("device"))
     bench = {s["shape"]: s for s in (session.baseline.get("bench") or {}).get("shapes", [])}
     rows = ["| shape | dims | FLOPs | bytes | roofline | bound | baseline | % of roofline | comparators |",
             "|---|---|---|---|---|---|---|---|---|"]

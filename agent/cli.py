@@ -254,10 +254,6 @@ def optimize(
                                 config={"model": getattr(policy, "model", None)}, gate_config=GateConfig(max_seconds=gate_seconds))
     except (WorkspaceError, TaskError) as exc:
         fail(str(exc))
-    if agent == "claude":
-        from tools.agent_tools import session_toolbox
-
-        session.toolbox = session_toolbox(session)
     session.on_event = _progress_line
     info = session.record.info
     err_console.print(f"run [bold]{info.run_id}[/]: task {t.name}, policy {policy.name}, branch {info.branch}\n"
@@ -280,10 +276,6 @@ def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'.")
     run_dir = resolve_run(run, runs_dir)
     session = Session.resume(run_dir)
     policy = make_policy(session.record.info.policy, model or (session.record.info.config or {}).get("model"), None)
-    if policy.name == "claude":
-        from tools.agent_tools import session_toolbox
-
-        session.toolbox = session_toolbox(session)
     session.on_event = _progress_line
     try:
         reason = session.run(policy)

@@ -19,10 +19,11 @@ from typing import Any
 
 from agent import records as rec
 from agent.gate import Candidate, Gate, GateConfig, Verdict
-from agent.policies.base import Budget
+from agent.policies.base import Budget, PolicyFacade
 from tools.task import KNOBS_FILE, Task, load_task
 from agent.trailers import format_commit_message, parse_trailers, trailer_key
 from agent.workspace import Workspace
+from tools.agent_tools import session_toolbox
 from tools.base import ToolBox
 from tools.build import BuildResult
 
@@ -91,7 +92,8 @@ class Session:
         self.best_commit = ws.head()
         self.best_build: BuildResult | None = None
         self.baseline: dict[str, Any] = {}
-        self.toolbox = ToolBox(context=self)
+        self.port = SessionTools(self)
+        self.toolbox: ToolBox = session_toolbox(self.port)  # every agent tool, bound to the port
         self.started = time.monotonic()
         self.interrupted: str | None = None
         self.on_event = None  # called with each event after it is recorded (live progress display)
@@ -280,6 +282,10 @@ class Session:
         return ledger(self)
 
     # ---- running -------------------------------------------------------------------------------
+    def facade(self) -> PolicyFacade:
+        """What a policy is given: tools, budget, briefing, memory, log, stop reason; never the session."""
+        return PolicyFacade(self)
+
     def run(self, policy) -> str:
         """Run `policy` to the end; the branch is left at best whatever happens."""
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -293,7 +299,7 @@ class Session:
         try:
             if self.best_build is None:
                 self.establish_baseline()
-            reason = policy.run(self) or "done"
+            reason = policy.run(self.facade()) or "done"
         except SessionError as exc:
             reason = f"error: {exc}"
             raise
@@ -311,6 +317,48 @@ class Session:
     def _message(self, title: str, rationale: str, figures: dict, number: int) -> str:
         return format_commit_message(title, rationale or "(no rationale given)",
                                      evidence_trailers(figures, self.best_build, self.record.info.run_id, number))
+
+
+class SessionTools:
+    """The session as the agent tools see it (`tools.port.SessionPort`): the trusted task, the
+    candidate's folder, notes, submit, revert and the ledger; not the gate, the workspace or the record."""
+
+    __slots__ = ("_session",)
+
+    def __init__(self, session: Session) -> None:
+        object.__setattr__(self, "_session", session)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"the session port is read-only ({name!r})")
+
+    @property
+    def task(self) -> Task:
+        return self._session.trusted_task
+
+    @property
+    def trusted_dir(self) -> Path:
+        return self._session.gate.trusted_dir
+
+    @property
+    def files_root(self) -> Path:
+        return self._session.ws.task_path
+
+    @property
+    def notes_path(self) -> Path:
+        return self._session.notes_path
+
+    @property
+    def device(self) -> dict | None:
+        return self._session.baseline.get("device")
+
+    def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None) -> Verdict:
+        return self._session.submit(title, rationale, knobs)
+
+    def revert(self) -> str:
+        return self._session.revert()
+
+    def ledger(self) -> str:
+        return self._session.ledger()
 
 
 def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, number: int) -> list[tuple[str, str]]:

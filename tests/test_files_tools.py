@@ -42,7 +42,7 @@ def env(tmp_path: Path):
     outside.mkdir()
     (outside / "secret.txt").write_text("the reference answer\n")
     task = load_task(task_dir)
-    ctx = SimpleNamespace(task=task, notes_path=tmp_path / "run" / "notes.md")
+    ctx = SimpleNamespace(task=task, files_root=task.root, notes_path=tmp_path / "run" / "notes.md")
     box = ToolBox(ctx)
     for t in file_tools():
         box.add(t)

@@ -6,8 +6,8 @@ could point at the harness, the reference or the user's home). Reads may look at
 task folder; writes only at files matching the manifest's `editable` globs, never the manifest or
 the spec. Files are UTF-8 text; binary content (NUL bytes, invalid UTF-8) is refused both ways.
 
-The context object needs `task` (tools.task.Task, its `root` inside the session's worktree) and
-`notes_path` (a Path the agent keeps notes in across turns).
+The context is a `tools.port.SessionPort`: these tools use its `task` (the manifest: what is
+editable), `files_root` (the candidate's task folder, where paths resolve) and `notes_path`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pydantic import Field
 
 from tools.task import MANIFEST
 from tools.base import Tool, ToolInput, ToolResult
+from tools.port import SessionPort
 
 READ_MAX_LINES = 400  # lines shown per read_file call
 READ_MAX_CHARS = 10_000  # characters shown per read_file call (stays under the ToolBox cap)
@@ -202,8 +203,8 @@ def _err(exc: Exception) -> ToolResult:
     return ToolResult(ok=False, text=f"error: {exc}")
 
 
-def _task_root(ctx: Any) -> Path:
-    return Path(ctx.task.root)
+def _task_root(ctx: SessionPort) -> Path:
+    return Path(ctx.files_root)
 
 
 # ---------------------------------------------------------------------------------------------
