@@ -178,18 +178,24 @@ def resolve_run(run: str, runs_dir: Optional[Path]) -> Path:
 
 
 def make_policy(agent: str, model: Optional[str], seed: Optional[int]):
-    if agent == "tuner":
-        from agent.policies.tuner import TunerPolicy
+    """A policy that can drive a session, from the registry (agent/policies/__init__.py)."""
+    from agent.policies import REGISTRY, PolicyError, policy_spec
+    from agent.policies import make_policy as from_registry
 
-        return TunerPolicy(seed=seed, console=err_console)
-    if agent == "claude":
-        from agent.policies.claude import ClaudePolicy
-
-        if not _has_api_key():
-            fail("--agent claude needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the environment; "
-                 "without one, use --agent tuner")
-        return ClaudePolicy(model=model) if model else ClaudePolicy()
-    fail(f"--agent {agent!r}: expected claude or tuner")
+    usable = [n for n, s in REGISTRY.items() if s.interactive]
+    try:
+        spec = policy_spec(agent)
+    except PolicyError:
+        fail(f"--agent {agent!r}: expected {' or '.join(usable)}")
+    if not spec.interactive:
+        fail(f"--agent {agent!r}: {spec.summary}; use `kloop {agent}` (sessions take {' or '.join(usable)})")
+    if spec.needs_api_key and not _has_api_key():
+        fail(f"--agent {agent} needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the environment; "
+             "without one, use --agent tuner")
+    try:
+        return from_registry(agent, model=model, seed=seed, console=err_console)
+    except PolicyError as exc:
+        fail(f"--agent {agent}: {exc}")
 
 
 def _has_api_key() -> bool:
@@ -251,7 +257,7 @@ def optimize(
     budget = Budget(max_turns=max_turns, max_cost_usd=max_cost, max_hours=max_hours, max_attempts=max_attempts)
     try:
         session = Session.start(t.root, policy.name, budget, runs_root=_runs_root(runs_dir), allow_dirty=allow_dirty,
-                                config={"model": getattr(policy, "model", None)}, gate_config=GateConfig(max_seconds=gate_seconds))
+                                config={"model": getattr(policy, "model", None), "seed": seed}, gate_config=GateConfig(max_seconds=gate_seconds))
     except (WorkspaceError, TaskError) as exc:
         fail(str(exc))
     session.on_event = _progress_line
@@ -271,11 +277,13 @@ def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'.")
            runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
            model: Optional[str] = typer.Option(None, help="Claude model id (claude runs).")) -> None:
     """Continue a session that was stopped or killed, from its record."""
+    from agent.config import RunConfig
     from agent.session import Session, SessionError
 
     run_dir = resolve_run(run, runs_dir)
     session = Session.resume(run_dir)
-    policy = make_policy(session.record.info.policy, model or (session.record.info.config or {}).get("model"), None)
+    options = RunConfig.from_info(session.record.info).options
+    policy = make_policy(session.record.info.policy, model or options.get("model"), options.get("seed"))
     session.on_event = _progress_line
     try:
         reason = session.run(policy)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import records as rec
+from agent.config import RunConfig, RunConfigError
 from agent.gate import Candidate, Gate, GateConfig, Verdict
 from agent.policies.base import Budget, PolicyFacade
 from tools.task import KNOBS_FILE, Task, load_task
@@ -108,9 +109,11 @@ class Session:
         run_dir = runs_root / run_id
         ws = Workspace.create(task.root, run_id, worktrees_root=runs_root / "_worktrees", allow_dirty=allow_dirty)
         gate_config = gate_config or GateConfig()
+        run_config = RunConfig(policy=policy, options={k: v for k, v in (config or {}).items() if v is not None},
+                               budget=budget, gate=gate_config)
         info = rec.RunInfo(
             run_id=run_id, task=task.name, task_rel=ws.task_rel, task_path=task.root, policy=policy,
-            config={"budget": budget.__dict__, "gate": gate_config.model_dump(), **(config or {})},
+            config=run_config.to_record(),
             base_commit=ws.base_commit, branch=ws.branch, repo_root=ws.repo_root, worktree=ws.path,
             versions=_versions(None),
         )
@@ -126,9 +129,12 @@ class Session:
         record = rec.RunRecord.open(run_dir)
         info = record.info
         ws = Workspace.open(info.repo_root, info.run_id, Path(info.worktree).parent, info.task_rel, info.base_commit)
-        cfg = info.config or {}
-        gate_config = GateConfig(**cfg.get("gate", {}))
-        budget = budget or Budget(**cfg.get("budget", {}))
+        try:
+            run_config = RunConfig.from_info(info, where=str(record.dir / "run.json"))
+        except RunConfigError as exc:
+            raise SessionError(str(exc)) from None
+        gate_config = run_config.gate
+        budget = budget or run_config.budget
         session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), budget, gate_config)
         session.repair()
         session.log("session_started", resumed=True)

@@ -210,7 +210,8 @@ def submit_tool(ctx: SessionPort, args: SubmitInput) -> ToolResult:
     text += ("\nThe change is committed; it is the new best." if verdict.accepted
              else "\nThe worktree is back at the best version; your edits were reverted (the attempt is recorded).")
     return ToolResult(ok=True, text=text, event="accepted" if verdict.accepted else "rejected",
-                      data={"accepted": verdict.accepted, "stage": verdict.stage, "speedup": verdict.speedup})
+                      data={"accepted": verdict.accepted, "stage": verdict.stage, "reason": verdict.reason,
+                            "speedup": verdict.speedup, "speedup_lo": verdict.speedup_lo, "speedup_hi": verdict.speedup_hi})
 
 
 class RevertInput(ToolInput):

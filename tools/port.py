@@ -18,7 +18,10 @@ class Outcome(Protocol):
 
     accepted: bool
     stage: str
+    reason: str
     speedup: float | None
+    speedup_lo: float | None
+    speedup_hi: float | None
 
     def summary(self) -> str:
         """The verdict for the agent: decision, reason, timings, where measured."""

@@ -13,13 +13,15 @@ verdict or a commit). Untrusted agents run outside the process (MCP, the CLI) an
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Protocol
+
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass
 
 from tools.base import ToolBox
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class Budget:
     max_turns: int | None = None
     max_cost_usd: float | None = None
