@@ -223,19 +223,14 @@ class Session:
         if self.best_build is None:
             self.establish_baseline()
         number = self.attempts_made() + 1
-        if knobs:
-            current = self.task.knob_settings(self.ws.task_path)
-            current.update(self.task.resolve_knobs(knobs))
-            self.task.write_knob_settings(self.ws.task_path, current)
+        if knobs:  # validated by the gate against the trusted manifest (TaskError: nothing is recorded)
+            self.gate.write_knobs(self.ws.task_path, knobs)
         patch = self.ws.diff(against=self.best_commit)
         changed = self.ws.changed_paths(against=self.best_commit)
         patch_path = self.record.write_patch(number, patch)
         self.log("attempt_started", attempt=number, title=title, rationale=rationale,
                  patch=str(patch_path.relative_to(self.record.dir)), knobs=knobs or {})
-        if not changed:
-            verdict = Verdict(accepted=False, stage="scope", reason="nothing changed against the best")
-        else:
-            verdict = self.gate.evaluate(Candidate(self.ws.task_path, changed), self.best_build)
+        verdict = self.gate.evaluate(Candidate(self.ws.task_path, changed), self.best_build)
         self.log("verdict", attempt=number, accepted=verdict.accepted, reason=verdict.reason, figures=verdict.figures())
         if verdict.accepted:
             sha = self.ws.commit(self._message(title, rationale, verdict.figures(), number))

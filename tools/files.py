@@ -22,6 +22,7 @@ from pydantic import Field
 from tools.task import MANIFEST
 from tools.base import Tool, ToolInput, ToolResult
 from tools.port import SessionPort
+from tools.scope import change_refusal, symlink_component
 
 READ_MAX_LINES = 400  # lines shown per read_file call
 READ_MAX_CHARS = 10_000  # characters shown per read_file call (stays under the ToolBox cap)
@@ -71,13 +72,13 @@ def resolve_path(root: Path, path: str) -> tuple[Path, str]:
     """
     rel = _clean_relpath(path)
     root = Path(root)
+    link = symlink_component(root, rel.as_posix())
+    if link is not None:
+        where = "is a symbolic link" if link == rel.as_posix() else f"goes through {link!r}, a symbolic link"
+        raise PathError(f"{path!r} {where}; links are never followed (not even inside the task folder)")
     cur = root
     for i, part in enumerate(rel.parts):
         cur = cur / part
-        if cur.is_symlink():
-            shown = "/".join(rel.parts[: i + 1])
-            where = "is a symbolic link" if i == len(rel.parts) - 1 else f"goes through {shown!r}, a symbolic link"
-            raise PathError(f"{path!r} {where}; links are never followed (not even inside the task folder)")
         if i < len(rel.parts) - 1 and cur.exists() and not cur.is_dir():
             shown = "/".join(rel.parts[: i + 1])
             raise PathError(f"{path!r}: {shown!r} is a file, not a folder")
@@ -102,13 +103,9 @@ def _role(task: Any, rel: str) -> str:
 
 
 def _check_writable(task: Any, rel: str, path: str) -> None:
-    if rel == MANIFEST:
-        raise PathError(f"{path!r}: the manifest ({MANIFEST}) is read-only: the gate trusts it")
-    if rel == PurePosixPath(task.manifest.spec).as_posix():
-        raise PathError(f"{path!r}: the spec is read-only: it holds the reference and the inputs the gate trusts")
-    if not task.is_editable(rel):
-        globs = ", ".join(task.manifest.editable)
-        raise PathError(f"{path!r}: not editable; only files matching the editable globs may be written ({globs})")
+    why = change_refusal(task, rel, by_submit=False)
+    if why:
+        raise PathError(f"{path!r}: {why}")
 
 
 def _read_text(file: Path, shown: str) -> str:
