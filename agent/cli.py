@@ -380,6 +380,7 @@ def show(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."
     """Every attempt of a run, accepted or not, and why."""
     from agent.records import RunRecord
     from agent.session import attempts_from_events
+    from tools.fmt import fmt_speedup
 
     record = RunRecord.open(resolve_run(run, runs_dir))
     events = record.events()
@@ -395,8 +396,7 @@ def show(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."
         table.add_column(col)
     for a in attempts:
         verdict = "[yellow]interrupted[/]" if a.accepted is None else ("[green]accepted[/]" if a.accepted else "[red]rejected[/]")
-        sp = a.figures.get("speedup")
-        spt = f"x{sp:.4f} [{a.figures.get('speedup_lo', 0):.4f}, {a.figures.get('speedup_hi', 0):.4f}]" if sp else "-"
+        spt = fmt_speedup(a.figures.get("speedup"), a.figures.get("speedup_lo"), a.figures.get("speedup_hi"))
         table.add_row(str(a.number), a.title, verdict, spt, a.reason[:400])
     console.print(table)
     ended = [e for e in events if e.kind == "session_ended"]
@@ -411,6 +411,7 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Re-apply each recorded attempt from the recorded base, re-run the gate here, compare verdicts."""
     from agent.replay import replay as do_replay
+    from tools.fmt import fmt_speedup
 
     run_dir = resolve_run(run, runs_dir)
     report = do_replay(run_dir, repo=repo, on_row=None if as_json else
@@ -424,7 +425,7 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
         for r in report.rows:
             rec_txt = ("accepted" if r.recorded_accepted else "rejected") + (f" x{r.recorded_speedup:.4f}" if r.recorded_speedup else "")
             rep_txt = ("accepted" if r.replayed_accepted else f"rejected ({r.replayed_stage})") + (
-                f" x{r.replayed_speedup:.4f} [{r.replayed_lo:.4f}, {r.replayed_hi:.4f}]" if r.replayed_speedup else "")
+                " " + fmt_speedup(r.replayed_speedup, r.replayed_lo, r.replayed_hi) if r.replayed_speedup else "")
             table.add_row(str(r.attempt), r.title, rec_txt, rep_txt, "yes" if r.agrees else "[yellow]no[/]",
                           ("[red]NO LONGER CORRECT[/] " if r.broken else "") + r.replayed_reason[:300])
         console.print(table)

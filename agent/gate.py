@@ -27,6 +27,7 @@ from tools.scope import change_refusal, symlink_component
 from tools.task import KNOBS_FILE, TaskError, load_task
 from tools.build import BuildResult, build
 from tools.check import format_check
+from tools.fmt import fmt_ms, fmt_speedup
 from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest
 from tools.runner import run_worker
 
@@ -88,8 +89,8 @@ class Verdict(BaseModel):
         lines = [head]
         if self.ab:
             for s in self.ab.shapes:
-                lines.append(f"  {s.shape}: {s.time_a * 1e3:.4f} ms -> {s.time_b * 1e3:.4f} ms, "
-                             f"x{s.speedup:.4f} [{s.speedup_lo:.4f}, {s.speedup_hi:.4f}] ({s.pairs} pairs)")
+                lines.append(f"  {s.shape}: {fmt_ms(s.time_a)} -> {fmt_ms(s.time_b)}, "
+                             f"{fmt_speedup(s.speedup, s.speedup_lo, s.speedup_hi)} ({s.pairs} pairs)")
             lines.append(f"  timing: {self.ab.pairs} pairs in {self.ab.timing_seconds:.1f} s ({self.ab.stopped_because})")
         if self.check and not self.check.passed:
             lines.append(format_check(self.check))

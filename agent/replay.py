@@ -27,6 +27,7 @@ from agent.policies.replay import ReplayPolicy, ReplayRow
 from tools.agent_tools import SubmitInput, submit_tool
 from tools.base import Tool, ToolBox, ToolInput, ToolResult
 from tools.build import BuildResult, build
+from tools.fmt import device_label
 from tools.task import Task
 
 __all__ = ["ReplayBench", "ReplayReport", "ReplayRow", "changed_paths", "replay"]
@@ -216,10 +217,5 @@ def replay(run_dir: Path, repo: Path | None = None, gate_config: GateConfig | No
 
 
 def _machine(machine: dict, versions) -> str:
-    name = machine.get("name") or "unknown device"
-    parts = [name]
-    if machine.get("driver"):
-        parts.append(f"driver {machine['driver']}")
-    if getattr(versions, "compiler", None):
-        parts.append(versions.compiler)
-    return ", ".join(parts)
+    compiler = getattr(versions, "compiler", None)
+    return device_label(machine, clocks=False) + (f", {compiler}" if compiler else "")

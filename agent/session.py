@@ -27,6 +27,7 @@ from agent.workspace import Workspace
 from tools.agent_tools import session_toolbox
 from tools.base import ToolBox
 from tools.build import BuildResult
+from tools.fmt import device_label, fmt_ms
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -372,7 +373,7 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
     ab = figures.get("ab") or {}
     for s in ab.get("shapes", []):
         out.append((trailer_key("Kloop-Time", s["shape"]),
-                    f"{_ms(s['time_a'])} -> {_ms(s['time_b'])} (x{s['speedup']:.4f}, {s['speedup_lo']:.4f}..{s['speedup_hi']:.4f}, {s['pairs']} pairs)"))
+                    f"{fmt_ms(s['time_a'], sep='')} -> {fmt_ms(s['time_b'], sep='')} (x{s['speedup']:.4f}, {s['speedup_lo']:.4f}..{s['speedup_hi']:.4f}, {s['pairs']} pairs)"))
     before = {k.name: k for k in (best.kernels if best else [])}
     for k in (figures.get("build") or {}).get("kernels", []):
         b = before.get(k["name"])
@@ -386,12 +387,7 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
         out.append(("Kloop-Knobs", " ".join(f"{k}={v}" for k, v in build["knobs"].items())))
     dev = figures.get("device") or {}
     if dev:
-        where = dev.get("name", "?")
-        if dev.get("driver"):
-            where += f", driver {dev['driver']}"
-        if dev.get("cuda_runtime"):
-            where += f", CUDA {dev['cuda_runtime']}"
-        out.append(("Kloop-Device", where))
+        out.append(("Kloop-Device", device_label(dev, clocks=False)))
     if build.get("compiler"):
         out.append(("Kloop-Compiler", build["compiler"]))
     if ab:
@@ -399,10 +395,6 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
     out.append(("Kloop-Run", run_id))
     out.append(("Kloop-Attempt", str(number)))
     return out
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.4f}ms"
 
 
 def _commits_since(ws: Workspace) -> list[tuple[str, str]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from tools.proc import kill_group, tail
 from tools.protocol import WorkerRequest, WorkerResult
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -43,12 +44,12 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
         try:
             output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_group(proc)
             output = proc.communicate()[0]
             return WorkerResult(ok=False, error=f"timed out after {timeout:.0f} s (hang or far too slow); "
                                                 f"output tail: {_tail(output)}")
         finally:
-            _kill_group(proc)  # nothing the kernel forked outlives the evaluation
+            kill_group(proc)  # nothing the kernel forked outlives the evaluation
         text = output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
         if not out_path.is_file():
             return WorkerResult(ok=False, error=f"worker {_status(proc.returncode)} without an answer; "
@@ -74,13 +75,6 @@ def _own_group_dies_with_parent() -> None:
         pass
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _status(code: int | None) -> str:
     if code is None:
         return "did not finish"
@@ -93,7 +87,4 @@ def _status(code: int | None) -> str:
 
 
 def _tail(text, n: int = 1500) -> str:
-    if isinstance(text, bytes):
-        text = text.decode(errors="replace")
-    text = (text or "").strip()
-    return text if len(text) <= n else "..." + text[-n:]
+    return tail(text, n, strip=True)

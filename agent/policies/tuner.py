@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from agent.policies.base import PolicyContext
+from tools.fmt import fmt_ms
 from tools.sweep import SweepRow, format_sweep
 
 EXHAUSTIVE_MAX = 64
@@ -74,7 +75,7 @@ class TunerPolicy:
 
     def _progress(self, i: int, n: int, row: SweepRow) -> None:
         knobs = " ".join(f"{k}={v}" for k, v in row.knobs.items())
-        what = f"{row.score * 1e3:.4f} ms" if row.ok and row.score else f"[red]failed[/] {(row.error or '')[:80]}"
+        what = fmt_ms(row.score) if row.ok and row.score else f"[red]failed[/] {(row.error or '')[:80]}"
         self.console.print(f"  [dim]sweep {i}/{n}[/] {knobs}: {what}", highlight=False)
 
     def _sample(self, ctx: PolicyContext, space: dict) -> list[SweepRow]:
