@@ -16,7 +16,7 @@ from agent.policies.base import Budget, PolicyFacade
 from agent.records import RunRecord
 from agent.session import Session, SessionTools
 from agent.workspace import Workspace
-from tests.test_gate_session import make_repo
+from tests.fakes import make_repo
 from tools.port import SessionPort
 
 FORBIDDEN = (Gate, Workspace, Session, RunRecord)

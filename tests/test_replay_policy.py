@@ -16,7 +16,8 @@ from agent.policies.base import Budget
 from agent.policies.replay import RecordedAttempt, ReplayPolicy
 from agent.replay import replay
 from agent.session import Session
-from tests.test_gate_session import ENTRY, edit, make_repo
+from tests.fakes import make_repo
+from tests.test_gate_session import edit
 from tools.base import ToolResult
 
 

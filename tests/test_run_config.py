@@ -11,7 +11,7 @@ from agent.config import RunConfig, RunConfigError
 from agent.gate import GateConfig
 from agent.policies.base import Budget
 from agent.session import Session, SessionError
-from tests.test_gate_session import make_repo
+from tests.fakes import make_repo
 
 
 def info(policy: str, config: dict) -> SimpleNamespace:

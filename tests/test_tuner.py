@@ -11,7 +11,7 @@ from agent.policies.base import Budget
 from agent.policies.tuner import TunerPolicy
 from agent.session import Session
 from agent.trailers import parse_trailers
-from tests.test_gate_session import make_repo
+from tests.fakes import make_repo
 from tools.sweep import knob_grid
 
 pytestmark = pytest.mark.slow
