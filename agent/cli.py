@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agent.locations import shipped_tasks_dir
 from tools.task import Task, TaskError, find_tasks, load_task
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -22,8 +23,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 err_console = Console(stderr=True)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = PROJECT_ROOT / "kernels"
+SHIPPED = shipped_tasks_dir()  # kloop's tasks: the checkout's kernels/, or the installed package data
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -149,10 +149,11 @@ def eval_cmd(
 
 # ---- sessions -----------------------------------------------------------------------------------
 
-def _runs_root(runs_dir: Optional[Path]) -> Path:
-    from agent.session import default_runs_root
+def _runs_root(runs_dir: Optional[Path], task: Optional[Path] = None) -> Path:
+    """--runs-dir, else $KLOOP_RUNS, else <repo>/.kloop/runs (see agent/locations.py)."""
+    from agent.locations import default_runs_root
 
-    return Path(runs_dir) if runs_dir else default_runs_root()
+    return Path(runs_dir).expanduser().resolve() if runs_dir else default_runs_root(task)
 
 
 def resolve_run(run: str, runs_dir: Optional[Path]) -> Path:
@@ -239,7 +240,7 @@ def optimize(
     max_hours: Optional[float] = typer.Option(None, help="Wall-clock hours."),
     max_attempts: Optional[int] = typer.Option(None, help="Most submissions to the gate."),
     allow_dirty: bool = typer.Option(False, help="Snapshot uncommitted changes of the task folder into the base."),
-    runs_dir: Optional[Path] = typer.Option(None, help="Where run records go (default: $KLOOP_RUNS or ./runs of kloop)."),
+    runs_dir: Optional[Path] = typer.Option(None, help="Where run records go (default: $KLOOP_RUNS, else .kloop/runs of the task's repository)."),
     gate_seconds: float = typer.Option(4.0, help="Gate: timing seconds per decision."),
     seed: Optional[int] = typer.Option(None, help="Tuner: sampler seed."),
 ) -> None:
@@ -256,7 +257,7 @@ def optimize(
         max_turns, max_cost = 100, 20.0  # never spend without a bound
     budget = Budget(max_turns=max_turns, max_cost_usd=max_cost, max_hours=max_hours, max_attempts=max_attempts)
     try:
-        session = Session.start(t.root, policy.name, budget, runs_root=_runs_root(runs_dir), allow_dirty=allow_dirty,
+        session = Session.start(t.root, policy.name, budget, runs_root=_runs_root(runs_dir, t.root), allow_dirty=allow_dirty,
                                 config={"model": getattr(policy, "model", None), "seed": seed}, gate_config=GateConfig(max_seconds=gate_seconds))
     except (WorkspaceError, TaskError) as exc:
         fail(str(exc))
@@ -278,10 +279,15 @@ def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'.")
            model: Optional[str] = typer.Option(None, help="Claude model id (claude runs).")) -> None:
     """Continue a session that was stopped or killed, from its record."""
     from agent.config import RunConfig
+    from agent.runlock import RunLocked
     from agent.session import Session, SessionError
+    from agent.workspace import WorkspaceError
 
     run_dir = resolve_run(run, runs_dir)
-    session = Session.resume(run_dir)
+    try:
+        session = Session.resume(run_dir)
+    except (RunLocked, WorkspaceError, SessionError) as exc:
+        fail(str(exc))
     options = RunConfig.from_info(session.record.info).options
     policy = make_policy(session.record.info.policy, model or options.get("model"), options.get("seed"))
     session.on_event = _progress_line
@@ -313,20 +319,18 @@ def runs(runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
 
 
 def _commit_rows(repo_root: Path, branch: str, base: Optional[str]) -> list[dict]:
-    import git
-
     from agent.trailers import parse_trailers
+    from agent.workspace import commit_log
 
-    repo = git.Repo(repo_root)
     rev = f"{base}..{branch}" if base else branch
     rows = []
-    for c in repo.iter_commits(rev, reverse=True):
+    for c in commit_log(repo_root, rev):
         trailers = parse_trailers(c.message)
         if not any(k == "Kloop-Attempt" for k, _ in trailers):
             continue
         t = dict(trailers)
         rows.append({
-            "commit": c.hexsha, "title": c.summary, "attempt": t.get("Kloop-Attempt"), "speedup": t.get("Kloop-Speedup"),
+            "commit": c.sha, "title": c.summary, "attempt": t.get("Kloop-Attempt"), "speedup": t.get("Kloop-Speedup"),
             "ci95": t.get("Kloop-Speedup-CI95"),
             "times": {k.removeprefix("Kloop-Time-"): v for k, v in trailers if k.startswith("Kloop-Time-")},
             "registers": {k.removeprefix("Kloop-Regs-"): v for k, v in trailers if k.startswith("Kloop-Regs-")},
