@@ -1,17 +1,21 @@
 """`RunConfig`: how a run was launched (policy and its options, budget, gate settings), typed.
 
-Stored as the `config` of run.json; read back, and validated, on resume and replay. Run records
-written before it (config = {"budget", "gate", "model"}) still load: `from_info` reads both shapes.
+Stored as the `config` of run.json, flat: {"policy", "budget", "gate", <the policy's options>...}
+(e.g. "model", "seed", "claude"), so readers of run.json that look up config["model"] keep working.
+Read back, and validated, on resume and replay. Records written before it (no "policy" key) load too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.gate import GateConfig
 from agent.policies.base import Budget
+
+
+RESERVED = frozenset({"policy", "budget", "gate"})  # run.json config keys that are not policy options
 
 
 class RunConfigError(ValueError):
@@ -27,17 +31,25 @@ class RunConfig(BaseModel):
     gate: GateConfig = Field(default_factory=GateConfig)
 
     def to_record(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        data = self.model_dump(mode="json")
+        return {"policy": data["policy"], "budget": data["budget"], "gate": data["gate"], **data["options"]}
+
+    @model_validator(mode="after")
+    def _options_apart(self) -> "RunConfig":
+        clash = sorted(set(self.options) & RESERVED)
+        if clash:
+            raise ValueError(f"policy options may not be named {', '.join(clash)}")
+        return self
 
     @classmethod
     def from_info(cls, info: Any, where: str = "run.json") -> "RunConfig":
-        """The config of a RunInfo (`info.policy`, `info.config`), old shape or new."""
+        """The config of a RunInfo (`info.policy`, `info.config`); records without a policy key are older."""
         raw = dict(info.config or {})
-        if "policy" not in raw:  # written before RunConfig: options were top-level keys beside budget/gate
-            options = {k: v for k, v in raw.items() if k not in ("budget", "gate") and v is not None}
-            raw = {"policy": info.policy, "options": options, "budget": raw.get("budget", {}), "gate": raw.get("gate", {})}
+        stored_policy = raw.pop("policy", info.policy)
+        options = {k: v for k, v in raw.items() if k not in RESERVED and v is not None}
         try:
-            config = cls.model_validate(raw)
+            config = cls.model_validate({"policy": stored_policy, "options": options,
+                                         "budget": raw.get("budget") or {}, "gate": raw.get("gate") or {}})
         except ValidationError as exc:
             problems = "; ".join(f"config.{'.'.join(map(str, e['loc']))} = {e.get('input')!r}: {e['msg']}" for e in exc.errors())
             raise RunConfigError(f"{where}: {problems}") from None

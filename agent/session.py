@@ -216,7 +216,8 @@ class Session:
             raise SessionError(f"the starting point does not pass its own gate: {verdict.reason}")
         self.best_build = verdict.build
         figures = {"build": verdict.build.model_dump(mode="json", include={"kernels", "compiler", "knobs", "key"}),
-                   "device": verdict.device.model_dump(mode="json") if verdict.device else None}
+                   "device": verdict.device.model_dump(mode="json") if verdict.device else None,
+                   "sass": verdict.sass}
         try:
             from tools.evaluate import run_bench
 

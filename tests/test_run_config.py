@@ -32,9 +32,12 @@ def test_bad_config_names_file_field_and_value():
     bad["budget"]["max_turns"] = "many"
     with pytest.raises(RunConfigError, match=r"runs/x/run.json: config.budget.max_turns = 'many'"):
         RunConfig.from_info(info("tuner", bad), where="runs/x/run.json")
-    bad = RunConfig(policy="tuner").to_record() | {"budgets": {}}
-    with pytest.raises(RunConfigError, match="config.budgets"):
+    bad = RunConfig(policy="tuner").to_record()
+    bad["gate"]["min_pairs"] = [20]
+    with pytest.raises(RunConfigError, match="config.gate.min_pairs"):
         RunConfig.from_info(info("tuner", bad))
+    with pytest.raises(ValueError, match="may not be named budget"):
+        RunConfig(policy="tuner", options={"budget": 1})
     with pytest.raises(RunConfigError, match="policy"):
         RunConfig.from_info(info("claude", RunConfig(policy="tuner").to_record()))
 
@@ -46,8 +49,9 @@ def test_run_json_holds_the_run_config_and_resume_validates_it(tmp_path):
     s.ws.remove()
     path = s.record.dir / "run.json"
     stored = json.loads(path.read_text())["config"]
-    assert RunConfig.model_validate(stored) == RunConfig(policy="tuner", options={"seed": 7}, budget=Budget(max_attempts=2),
-                                                         gate=GateConfig(max_seconds=1.5))
+    assert stored["policy"] == "tuner" and stored["seed"] == 7 and "model" not in stored  # flat: options beside budget/gate
+    assert RunConfig.from_info(info("tuner", stored)) == RunConfig(policy="tuner", options={"seed": 7},
+                                                                   budget=Budget(max_attempts=2), gate=GateConfig(max_seconds=1.5))
     # a run.json written before RunConfig resumes with its budget and gate settings
     data = json.loads(path.read_text())
     data["config"] = {"budget": {"max_attempts": 2}, "gate": {"max_seconds": 1.5}, "model": None}

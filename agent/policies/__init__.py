@@ -25,10 +25,23 @@ class PolicySpec:
     interactive: bool = True  # can drive `kloop optimize` (replay re-runs a recorded session instead)
 
 
-def _claude(model: str | None = None, **_: Any) -> Policy:
+CLAUDE_SETTINGS = ("max_tokens", "effort", "thinking", "context_limit", "keep_tool_results", "retry_hours",
+                   "max_retry_wait_s")
+
+
+def _claude(model: str | None = None, claude: dict | None = None, **_: Any) -> Policy:
+    """`claude`: settings as `ClaudePolicy.settings()` records them (unknown keys and None are ignored)."""
     from agent.policies.claude import ClaudePolicy
 
-    return ClaudePolicy(model=model) if model else ClaudePolicy()
+    settings = {k: v for k, v in (claude or {}).items() if k in CLAUDE_SETTINGS and v is not None}
+    if isinstance(settings.get("thinking"), dict):  # as recorded: the request parameter
+        recorded = settings["thinking"]
+        settings["thinking"] = {"adaptive": "adaptive", "disabled": "off"}.get(recorded.get("type"),
+                                                                                recorded.get("budget_tokens"))
+    try:
+        return ClaudePolicy(model=model, **settings) if model else ClaudePolicy(**settings)
+    except (KeyError, ValueError) as exc:
+        raise PolicyError(str(exc).strip("'\"")) from None
 
 
 def _tuner(seed: int | None = None, console: Any = None, **_: Any) -> Policy:
