@@ -169,6 +169,9 @@ class ReplayBench:
     def attempts_made(self) -> int:
         return self._n
 
+    def events(self) -> list:
+        return []  # a replay writes no record
+
     def stop_reason(self) -> str | None:
         return None
 

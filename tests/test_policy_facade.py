@@ -121,3 +121,14 @@ def test_session_run_hands_its_policy_the_facade(session):
     assert session.run(Spy()) == "done"
     assert type(seen["ctx"]) is PolicyFacade
     assert {"submit", "sweep", "knobs", "read_file", "edit_file", "revert"} <= set(seen["tools"])
+
+
+def test_the_facade_reads_the_record_for_what_was_already_spent(session):
+    """A resumed Claude policy sums the turns and cost already recorded (its budgets survive resume)."""
+    from agent.policies.claude import spent_so_far
+
+    ctx = session.facade()
+    ctx.log("llm_turn", turn=1, usage={}, cost_usd=0.25, stop_reason="tool_use")
+    ctx.log("llm_turn", turn=2, usage={}, cost_usd=0.5, stop_reason="tool_use")
+    spent = spent_so_far(ctx)
+    assert spent.turns == 2 and spent.cost_usd == 0.75

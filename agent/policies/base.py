@@ -50,6 +50,9 @@ class PolicyContext(Protocol):
     def attempts_made(self) -> int:
         ...
 
+    def events(self) -> list:
+        """The run record's events so far (what a resumed policy already spent)."""
+
     def log(self, kind: str, **data: Any) -> None:
         """Append an event to the run record (write-ahead; flushed before returning)."""
 
@@ -91,6 +94,11 @@ class PolicyFacade:
 
     def attempts_made(self) -> int:
         return self._session.attempts_made()
+
+    def events(self) -> list:
+        """The run record's events so far, as read from disk (e.g. turns and cost already spent before a
+        resume); past verdicts only: the gate draws a seed when it judges, never before."""
+        return self._session.events()
 
     def stop_reason(self) -> str | None:
         return self._session.stop_reason()
