@@ -45,14 +45,12 @@ class RunConfig(BaseModel):
     def from_info(cls, info: Any, where: str = "run.json") -> "RunConfig":
         """The config of a RunInfo (`info.policy`, `info.config`); records without a policy key are older."""
         raw = dict(info.config or {})
-        stored_policy = raw.pop("policy", info.policy)
+        raw.pop("policy", None)  # as launched; the run's policy (info.policy) may name its driver since (mcp:<client>)
         options = {k: v for k, v in raw.items() if k not in RESERVED and v is not None}
         try:
-            config = cls.model_validate({"policy": stored_policy, "options": options,
+            config = cls.model_validate({"policy": info.policy, "options": options,
                                          "budget": raw.get("budget") or {}, "gate": raw.get("gate") or {}})
         except ValidationError as exc:
             problems = "; ".join(f"config.{'.'.join(map(str, e['loc']))} = {e.get('input')!r}: {e['msg']}" for e in exc.errors())
             raise RunConfigError(f"{where}: {problems}") from None
-        if config.policy != info.policy:
-            raise RunConfigError(f"{where}: config.policy = {config.policy!r} but the run's policy is {info.policy!r}")
         return config

@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from tools.sandbox import minimal_env
+
 CUDA_BIN_DIRS = ("/usr/local/cuda/bin",)  # looked in after PATH and $CUDA_HOME/$CUDA_PATH
 
 
@@ -41,7 +43,7 @@ def demangle(names: list[str]) -> dict[str, str]:
         return {}
     try:
         proc = subprocess.run([cxxfilt], input="\n".join(mangled) + "\n", capture_output=True,
-                              text=True, timeout=60, check=True)
+                              text=True, timeout=60, check=True, env=minimal_env())  # no secret reaches a child
     except (OSError, subprocess.SubprocessError):
         return {}
     out = proc.stdout.splitlines()

@@ -1,13 +1,15 @@
-"""Run the evaluation worker in its own process: scrubbed environment, timeout, own process group.
+"""Run the evaluation worker in its own process: sandboxed, minimal environment, timeout, own group.
 
 The worker's answer is read back from a file and parsed as data; its exit status, a signal or a
-timeout become an error result. Secrets (API keys, tokens) never reach its environment.
+timeout become an error result. The worker runs in the sandbox of tools/sandbox.py where the host
+provides it (no network, no other process visible, read-only files but its scratch, seccomp
+lockdown before the candidate's library loads) with an allow-listed environment: secrets (API keys,
+tokens) never reach it.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,19 +20,29 @@ from pydantic import ValidationError
 
 from tools.proc import kill_group, tail
 from tools.protocol import WorkerRequest, WorkerResult
+from tools.sandbox import LOCKDOWN_VAR, minimal_env, status, wrap
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
 
 
-def scrubbed_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment minus anything that looks like a secret (and every ANTHROPIC_* variable)."""
-    env = {k: v for k, v in (base if base is not None else os.environ).items()
-           if not _SECRET_NAME.search(k) and not k.startswith("ANTHROPIC")}
-    path = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + path if path else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+def scrubbed_env(base: dict[str, str] | None = None, home: str | os.PathLike | None = None) -> dict[str, str]:
+    """A runner's environment: the allow-list of tools/sandbox.py `minimal_env` (so no secret, whatever
+    its name) plus kloop's own package on PYTHONPATH."""
+    return minimal_env({"PYTHONPATH": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1"}, home=home, base=base)
+
+
+def runner_command(cmd: list[str], *, scratch: Path, readable: list[Path] = (), writable: list[Path] = (),
+                   lockdown: bool = True) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) for a runner process running `cmd`: inside the sandbox where the host has one,
+    reading only kloop's tools/, the toolchain and `readable`, writing only `scratch` and `writable`
+    (e.g. a per-evaluation /dev/shm folder); `lockdown` asks the runner to install the seccomp filter
+    (tools.sandbox.lockdown) before it loads untrusted code."""
+    extra = {LOCKDOWN_VAR: "1"} if lockdown and status().seccomp else {}
+    env = scrubbed_env(home=scratch) | extra
+    gpu = any(Path("/dev").glob("nvidia*"))
+    argv = wrap(cmd, readable=[PROJECT_ROOT / "tools", *readable], writable=[scratch, *writable], gpu=gpu,
+                cwd=scratch, env=env)
+    return argv, env
 
 
 def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = None) -> WorkerResult:
@@ -39,7 +51,10 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
         req_path, out_path = Path(tmp, "request.json"), Path(tmp, "result.json")
         req_path.write_text(req.model_dump_json())
         cmd = [*(prefix or []), sys.executable, "-m", "tools.worker", str(req_path), str(out_path)]
-        proc = subprocess.Popen(cmd, cwd=tmp, env=scrubbed_env(), stdin=subprocess.DEVNULL,
+        readable = [Path(req.task_dir)] + [Path(lib).resolve().parent for lib in req.libs]
+        # a profiler prefix (ncu) injects into the worker and talks to it: no syscall filter then
+        argv, env = runner_command(cmd, scratch=Path(tmp), readable=readable, lockdown=not prefix)
+        proc = subprocess.Popen(argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_own_group_dies_with_parent)
         try:
             output, _ = proc.communicate(timeout=timeout)
@@ -78,6 +93,8 @@ def _own_group_dies_with_parent() -> None:
 def _status(code: int | None) -> str:
     if code is None:
         return "did not finish"
+    if code > 128 and status().namespaces:  # bwrap exits with 128 + the signal that killed its child
+        code = 128 - code
     if code < 0:
         try:
             return f"crashed ({signal.Signals(-code).name})"

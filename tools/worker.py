@@ -18,6 +18,7 @@ import torch
 from tools.task import load_task
 from tools.protocol import WorkerRequest, WorkerResult
 from tools.spec import load_spec
+from tools.sandbox import lockdown, lockdown_requested
 
 
 def load_library(path: str, spec) -> ctypes.CDLL:
@@ -37,6 +38,8 @@ def serve(req: WorkerRequest) -> WorkerResult:
         torch.cuda.set_device(0)
     info = describe(device)
     spec = load_spec(task.spec_path)
+    if lockdown_requested():  # no exec, fork, ptrace, sockets from here on (tools/sandbox.py)
+        lockdown()
     libs = [load_library(p, spec) for p in req.libs]
     if req.kind == "check":
         from tools.check import check_in_process

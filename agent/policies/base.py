@@ -27,6 +27,8 @@ class Budget:
     max_cost_usd: float | None = None
     max_hours: float | None = None
     max_attempts: int | None = None
+    # seconds spent in the tools that occupy the device (check, bench, sweep, profile, the gate)
+    max_gpu_seconds: float | None = None
 
 
 # the events a policy may append to the run record; the session alone writes the others
