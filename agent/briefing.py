@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tools.fmt import fmt_speedup, fmt_time
 from tools.roofline import PEAKS, device_key, peak_rates
 from tools.task import Task
 
@@ -20,15 +21,9 @@ def _peak_text(task: Task, device: dict | None) -> str:
             f"memory {peaks['bytes'][0] / 1e12:.2f} TB/s ({peaks['bytes'][1]})")
 
 
-def _time(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
-
-
 def bench_table(session) -> str:
     task: Task = session.gate.task
-    flops_peak, bytes_peak = peak_rates(task, session)
+    flops_peak, bytes_peak = peak_rates(task, session.baseline.get("device"))
     bench = {s["shape"]: s for s in (session.baseline.get("bench") or {}).get("shapes", [])}
     rows = ["| shape | dims | FLOPs | bytes | roofline | bound | baseline | % of roofline | comparators |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -41,10 +36,10 @@ def bench_table(session) -> str:
         bound = "-" if floor is None else ("compute" if floor == t_c else "memory")
         base = (b.get("kernel") or {}).get("median")
         pct = f"{100 * floor / base:.1f}%" if floor and base else "-"
-        comps = ", ".join(f"{n} {_time(c.get('median'))}" for n, c in (b.get("comparators") or {}).items()) or "-"
+        comps = ", ".join(f"{n} {fmt_time(c.get('median'))}" for n, c in (b.get("comparators") or {}).items()) or "-"
         dims = " ".join(f"{k}={v}" for k, v in shape.dims.items())
-        rows.append(f"| {shape.name} | {dims} | {flops or 0:.3g} | {nbytes or 0:.3g} | {_time(floor)} | {bound} | "
-                    f"{_time(base)} | {pct} | {comps} |")
+        rows.append(f"| {shape.name} | {dims} | {flops or 0:.3g} | {nbytes or 0:.3g} | {fmt_time(floor)} | {bound} | "
+                    f"{fmt_time(base)} | {pct} | {comps} |")
     return "\n".join(rows)
 
 
@@ -134,7 +129,7 @@ def ledger(session) -> str:
         else:
             verdict = "ACCEPTED" if a.accepted else "rejected"
         sp = a.figures.get("speedup")
-        extra = f" x{sp:.4f} [{a.figures.get('speedup_lo', 0):.4f}, {a.figures.get('speedup_hi', 0):.4f}]" if sp else ""
+        extra = " " + fmt_speedup(sp, a.figures.get("speedup_lo"), a.figures.get("speedup_hi")) if sp else ""
         knobs = f" knobs {a.knobs}" if a.knobs else ""
         lines.append(f"#{a.number} {verdict}{extra}: {a.title}{knobs} — {a.reason[:300]}")
     return "\n".join(lines)

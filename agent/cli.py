@@ -224,30 +224,26 @@ def resolve_run(run: str, runs_dir: Optional[Path]) -> Path:
 
 
 def make_policy(agent: str, model: Optional[str], seed: Optional[int], claude: Optional[dict] = None):
-    """`claude`: the Claude policy's settings (max_tokens, effort, thinking, context_limit, retry_hours),
-    as `ClaudePolicy.settings()` records them in run.json (so `resume` continues with the same ones)."""
-    if agent == "tuner":
-        from agent.policies.tuner import TunerPolicy
+    """A policy that can drive a session, from the registry (agent/policies/__init__.py). `claude`: the
+    Claude policy's settings (max_tokens, effort, thinking, context_limit, retry_hours), as
+    `ClaudePolicy.settings()` records them in run.json (so `resume` continues with the same ones)."""
+    from agent.policies import REGISTRY, PolicyError, policy_spec
+    from agent.policies import make_policy as from_registry
 
-        return TunerPolicy(seed=seed, console=err_console)
-    if agent == "claude":
-        from agent.policies.claude import ClaudePolicy
-
-        if not _has_api_key():
-            fail("--agent claude needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the environment; "
-                 "without one, use --agent tuner")
-        known = ("max_tokens", "effort", "thinking", "context_limit", "keep_tool_results", "retry_hours",
-                 "max_retry_wait_s")
-        settings = {k: v for k, v in (claude or {}).items() if k in known and v is not None}
-        if isinstance(settings.get("thinking"), dict):  # as recorded: the request parameter
-            recorded = settings["thinking"]
-            settings["thinking"] = {"adaptive": "adaptive", "disabled": "off"}.get(recorded.get("type"),
-                                                                                    recorded.get("budget_tokens"))
-        try:
-            return ClaudePolicy(model=model, **settings) if model else ClaudePolicy(**settings)
-        except (KeyError, ValueError) as exc:
-            fail(str(exc).strip("'\""))
-    fail(f"--agent {agent!r}: expected claude or tuner")
+    usable = [n for n, s in REGISTRY.items() if s.interactive]
+    try:
+        spec = policy_spec(agent)
+    except PolicyError:
+        fail(f"--agent {agent!r}: expected {' or '.join(usable)}")
+    if not spec.interactive:
+        fail(f"--agent {agent!r}: {spec.summary}; use `kloop {agent}` (sessions take {' or '.join(usable)})")
+    if spec.needs_api_key and not _has_api_key():
+        fail(f"--agent {agent} needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the environment; "
+             "without one, use --agent tuner")
+    try:
+        return from_registry(agent, model=model, seed=seed, console=err_console, claude=claude)
+    except PolicyError as exc:
+        fail(f"--agent {agent}: {exc}" if agent != "claude" else str(exc))
 
 
 def _thinking_option(thinking: Optional[str], budget: Optional[int]):
@@ -401,15 +397,11 @@ def optimize(
     budget = Budget(max_turns=max_turns, max_cost_usd=max_cost, max_hours=max_hours, max_attempts=max_attempts)
     try:
         session = Session.start(t.root, policy.name, budget, runs_root=_runs_root(runs_dir, t.root), allow_dirty=allow_dirty,
-                                config={"model": getattr(policy, "model", None),
-                                        **({"claude": policy.settings()} if agent == "claude" else {})},
+                                config={"model": getattr(policy, "model", None), "seed": seed,
+                                        **({"claude": policy.settings()} if hasattr(policy, "settings") else {})},
                                 gate_config=GateConfig(max_seconds=gate_seconds, require_sandbox=require_sandbox))
     except (WorkspaceError, TaskError, SessionError) as exc:
         fail(str(exc))
-    if agent == "claude":
-        from tools.agent_tools import session_toolbox
-
-        session.toolbox = session_toolbox(session)
     info = session.record.info
     err_console.print(f"run [bold]{info.run_id}[/]: task {t.name}, policy {policy.name}, branch {info.branch}\n"
                       f"  worktree {info.worktree}\n  record   {session.record.dir}", highlight=False)
@@ -469,10 +461,6 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
     except typer.Exit:
         session.close()
         raise
-    if policy.name == "claude":
-        from tools.agent_tools import session_toolbox
-
-        session.toolbox = session_toolbox(session)
     spent = session.spent_before
     err_console.print(f"resuming run [bold]{info.run_id}[/]: task {info.task}, policy {policy.name}, branch {info.branch}; "
                       f"{session.attempts_made()} attempt(s) so far, {spent.hours * 60:.1f} min"
@@ -615,6 +603,7 @@ def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), ru
     """Every attempt of a run, accepted or not, and why; `show RUN N --diff` prints attempt N's patch."""
     from agent.records import RunRecord
     from agent.session import attempts_from_events
+    from tools.fmt import fmt_speedup
 
     record = RunRecord.open(resolve_run(run, runs_dir))
     events = record.events()
@@ -635,8 +624,7 @@ def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), ru
         table.add_column(col)
     for a in attempts:
         verdict = "[yellow]interrupted[/]" if a.accepted is None else ("[green]accepted[/]" if a.accepted else "[red]rejected[/]")
-        sp = a.figures.get("speedup")
-        spt = f"x{sp:.4f} [{a.figures.get('speedup_lo', 0):.4f}, {a.figures.get('speedup_hi', 0):.4f}]" if sp else "-"
+        spt = fmt_speedup(a.figures.get("speedup"), a.figures.get("speedup_lo"), a.figures.get("speedup_hi"))
         table.add_row(str(a.number), a.title, verdict, spt, a.reason[:400])
     console.print(table)
     ended = [e for e in events if e.kind == "session_ended"]
@@ -680,6 +668,7 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Re-apply each recorded attempt from the recorded base, re-run the gate here, compare verdicts."""
     from agent.replay import replay as do_replay
+    from tools.fmt import fmt_speedup
 
     run_dir = resolve_run(run, runs_dir)
     report = do_replay(run_dir, repo=repo, on_row=None if as_json else
@@ -693,7 +682,7 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
         for r in report.rows:
             rec_txt = ("accepted" if r.recorded_accepted else "rejected") + (f" x{r.recorded_speedup:.4f}" if r.recorded_speedup else "")
             rep_txt = ("accepted" if r.replayed_accepted else f"rejected ({r.replayed_stage})") + (
-                f" x{r.replayed_speedup:.4f} [{r.replayed_lo:.4f}, {r.replayed_hi:.4f}]" if r.replayed_speedup else "")
+                " " + fmt_speedup(r.replayed_speedup, r.replayed_lo, r.replayed_hi) if r.replayed_speedup else "")
             agree = "n/a (interrupted)" if r.interrupted else ("yes" if r.agrees else "[red]FLIPPED[/]")
             table.add_row(str(r.attempt), r.title, rec_txt, rep_txt, agree,
                           ("[red]NO LONGER CORRECT[/] " if r.broken else "") + r.replayed_reason[:300])

@@ -23,10 +23,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from tools.task import KNOBS_FILE, MANIFEST, TaskError, load_task
+from tools.scope import change_refusal, symlink_component
+from tools.task import KNOBS_FILE, TaskError, load_task
 from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_build
 from tools.build import BuildResult, build
 from tools.check import format_check
+from tools.fmt import fmt_ms, fmt_speedup
 from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest
 from tools.runner import run_worker
 
@@ -82,8 +84,8 @@ class Verdict(BaseModel):
         lines = [head]
         if self.ab:
             for s in self.ab.shapes:
-                lines.append(f"  {s.shape}: {s.time_a * 1e3:.4f} ms -> {s.time_b * 1e3:.4f} ms, "
-                             f"x{s.speedup:.4f} [{s.speedup_lo:.4f}, {s.speedup_hi:.4f}] ({s.pairs} pairs)")
+                lines.append(f"  {s.shape}: {fmt_ms(s.time_a)} -> {fmt_ms(s.time_b)}, "
+                             f"{fmt_speedup(s.speedup, s.speedup_lo, s.speedup_hi)} ({s.pairs} pairs)")
             lines.append(f"  timing: {self.ab.pairs} pairs in {self.ab.timing_seconds:.1f} s ({self.ab.stopped_because})")
         if self.check and not self.check.passed:
             lines.append(format_check(self.check))
@@ -120,16 +122,24 @@ class Gate:
 
     # -- stages ----------------------------------------------------------------------------------
     def out_of_scope(self, cand: Candidate) -> list[str]:
+        """Changed paths the candidate may not touch (tools/scope.py: the same rule as the file tools')."""
         bad = []
         prefix = self.task_rel + "/" if self.task_rel not in ("", ".") else ""
         for path in cand.changed:
             rel = path[len(prefix):] if prefix and path.startswith(prefix) else (path if not prefix else None)
-            if rel is None or rel in (MANIFEST, self.task.manifest.spec) or not (
-                    self.task.is_editable(rel) or rel == KNOBS_FILE):
+            if rel is None or change_refusal(self.task, rel, by_submit=True):
                 bad.append(path)
-            elif (cand.task_dir / rel).is_symlink():
+            elif symlink_component(cand.task_dir, rel):
                 bad.append(f"{path} (symlink)")
         return bad
+
+    def write_knobs(self, task_dir: Path, knobs: dict) -> dict:
+        """Validate `knobs` against the trusted manifest and write them into task_dir's knobs.toml
+        over the settings already there; returns the full setting. TaskError names a bad knob or value."""
+        current = self.task.knob_settings(task_dir)
+        current.update(self.task.resolve_knobs(knobs))
+        self.task.write_knob_settings(task_dir, current)
+        return current
 
     def static_hits(self, cand: Candidate) -> list[str]:
         rules = [(p, r) for p, r in DEFAULT_FORBIDDEN] + [(f.pattern, f.reason) for f in self.task.manifest.forbidden]
@@ -178,6 +188,8 @@ class Gate:
             v.seconds = round(time.monotonic() - started, 2)
             return v
 
+        if best is not None and not cand.changed:
+            return done(Verdict(accepted=False, stage="scope", reason="nothing changed against the best"))
         bad = self.out_of_scope(cand)
         if bad:
             return done(Verdict(accepted=False, stage="scope", out_of_scope=bad,

@@ -1,9 +1,11 @@
 """`kloop replay`: re-run a recorded session's attempts here and compare the verdicts.
 
-Each recorded attempt's patch is applied, in order, on the state the session had when it was made
-(the base plus the attempts the session accepted before it), and the gate runs again on this
-machine. Recorded and replayed verdicts and speedups are shown side by side with both machines. A
-recorded accept that no longer builds or passes correctness here is a failed replay.
+The replay policy (agent/policies/replay.py) re-submits each recorded patch, in order, to a
+`ReplayBench`: a scratch stand-in for a session, in a temporary folder, with a gate built from the
+run's base commit. Each patch applies on the state the session had when it was made (the base plus
+the attempts the session accepted before it). Recorded and replayed verdicts and speedups are shown
+side by side with both machines. A recorded accept that no longer builds or passes correctness here
+is a failed replay. Nothing is committed and nothing is written to the run record.
 """
 
 from __future__ import annotations
@@ -12,50 +14,25 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agent import records as rec
-from agent.gate import Candidate, Gate, GateConfig
-from agent.session import attempts_from_events
+from agent.config import RunConfig
+from agent.gate import Candidate, Gate, GateConfig, Verdict
+from agent.policies.base import Budget, PolicyFacade
+from agent.policies.replay import ReplayPolicy, ReplayRow
 from agent.workspace import apply_patch_to_folder, export_commit
-from tools.build import build
+from tools.agent_tools import SubmitInput, submit_tool
+from tools.base import Tool, ToolBox, ToolInput, ToolResult
+from tools.build import BuildResult, build
+from tools.fmt import device_label
+from tools.task import Task
+
+__all__ = ["ReplayBench", "ReplayReport", "ReplayRow", "changed_paths", "replay"]
 
 _DIFF_PATH = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
-
-
-class ReplayRow(BaseModel):
-    attempt: int
-    title: str
-    recorded_accepted: bool | None
-    recorded_speedup: float | None = None
-    recorded_reason: str = ""
-    replayed_accepted: bool | None = None
-    replayed_stage: str | None = None
-    replayed_speedup: float | None = None
-    replayed_lo: float | None = None
-    replayed_hi: float | None = None
-    replayed_reason: str = ""
-
-    @property
-    def agrees(self) -> bool:
-        return self.recorded_accepted == self.replayed_accepted
-
-    @property
-    def interrupted(self) -> bool:
-        """Recorded without a real verdict (the session stopped mid-gate): nothing to compare."""
-        return self.recorded_accepted is None or (
-            self.recorded_accepted is False and self.recorded_reason.startswith("interrupted"))
-
-    @property
-    def flipped(self) -> bool:
-        """The verdict changed either way (accepted -> rejected, or rejected -> accepted)."""
-        return not self.interrupted and not self.agrees
-
-    @property
-    def broken(self) -> bool:
-        """A recorded accept that no longer builds or passes its check here."""
-        return bool(self.recorded_accepted) and self.replayed_stage in ("build", "check", "scope", "static", "patch")
 
 
 class ReplayReport(BaseModel):
@@ -97,56 +74,154 @@ def _apply(state_root: Path, patch: str) -> str | None:
     return apply_patch_to_folder(state_root, patch)
 
 
+# ---- the bench: a session stand-in the replay policy acts on through tools ------------------------
+
+class PatchInput(ToolInput):
+    patch: str = Field(description="A git diff against the current best, paths relative to the repository root.")
+
+
+class NoInput(ToolInput):
+    pass
+
+
+class ReplayBench:
+    """The base and the recorded path so far (`state`), one candidate on top of it, and the gate.
+
+    Implements `tools.port.SessionPort` for the tools it offers: apply_patch, submit (judges, commits
+    nothing), adopt (the candidate becomes the state) and revert (the candidate is dropped)."""
+
+    def __init__(self, tmp: Path, repo: Path, info: rec.RunInfo, gate_config: GateConfig):
+        self._tmp = tmp
+        self._rel = info.task_rel
+        self._trusted = _export(repo, info.base_commit, info.task_rel, tmp / "trusted")
+        self._state = tmp / "state"
+        _export(repo, info.base_commit, info.task_rel, self._state)
+        self._gate = Gate(self._trusted, info.task_rel, gate_config)
+        self._best: BuildResult = build(self._gate.task, src_root=self._in_task(self._state))
+        self._cand: Path | None = None
+        self._changed: list[str] = []
+        self._last: Verdict | None = None
+        self._n = 0
+        self.machine = ""  # where this replay measured (from the first verdict with a device)
+        self.budget = Budget()
+        self.notes_path = tmp / "notes.md"
+        self.toolbox = ToolBox(context=self)
+        self.toolbox.add(Tool("apply_patch", "Apply a recorded patch on the best (a fresh candidate).", PatchInput, _apply_patch_tool))
+        self.toolbox.add(Tool("submit", "Judge the candidate with the gate (nothing is committed).", SubmitInput, submit_tool))
+        self.toolbox.add(Tool("adopt", "Make the candidate the best, whatever the gate said (follow the recorded path).", NoInput, _adopt_tool))
+        self.toolbox.add(Tool("revert", "Drop the candidate.", NoInput, _revert_tool))
+
+    def _in_task(self, root: Path) -> Path:
+        return root / self._rel if self._rel not in ("", ".") else root
+
+    # -- SessionPort ---------------------------------------------------------------------------
+    @property
+    def task(self) -> Task:
+        return self._gate.task
+
+    @property
+    def trusted_dir(self) -> Path:
+        return self._trusted
+
+    @property
+    def files_root(self) -> Path:
+        return self._in_task(self._cand or self._state)
+
+    @property
+    def device(self) -> dict | None:
+        return None
+
+    def apply_patch(self, patch: str) -> str | None:
+        self.revert()
+        self._n += 1
+        self._cand = self._tmp / f"cand{self._n:03d}"
+        shutil.copytree(self._state, self._cand, symlinks=True)
+        self._changed = changed_paths(patch)
+        return _apply(self._cand, patch)
+
+    def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None) -> Verdict:
+        if not self._best.ok:
+            self._last = Verdict(accepted=False, stage="build", reason="the best does not build here")
+            return self._last
+        v = self._gate.evaluate(Candidate(self.files_root, self._changed), self._best)
+        if v.device and not self.machine:
+            self.machine = v.device.label() + (f"; {v.build.compiler}" if v.build else "")
+        self._last = v
+        return v
+
+    def adopt(self) -> None:
+        if self._cand is None:
+            return
+        shutil.rmtree(self._state)
+        self._cand.rename(self._state)
+        self._cand = None
+        built = self._last.build if self._last is not None else None
+        self._best = built if built is not None and built.ok else build(self._gate.task, src_root=self._in_task(self._state))
+
+    def revert(self) -> str:
+        if self._cand is not None:
+            shutil.rmtree(self._cand, ignore_errors=True)
+            self._cand = None
+        self._last = None
+        return "state"
+
+    def ledger(self) -> str:
+        return ""
+
+    # -- what PolicyFacade asks of a session ---------------------------------------------------
+    def system_prompt(self) -> str:
+        return ""
+
+    def briefing(self) -> str:
+        return ""
+
+    def memory(self) -> str:
+        return ""
+
+    def attempts_made(self) -> int:
+        return self._n
+
+    def events(self) -> list:
+        return []  # a replay writes no record
+
+    def stop_reason(self) -> str | None:
+        return None
+
+    def log(self, kind: str, **data: Any) -> None:
+        pass  # a replay writes no run record
+
+
+def _apply_patch_tool(ctx: ReplayBench, args: PatchInput) -> ToolResult:
+    error = ctx.apply_patch(args.patch)
+    if error:
+        return ToolResult(ok=False, text=f"patch does not apply: {error}")
+    return ToolResult(text="applied")
+
+
+def _adopt_tool(ctx: ReplayBench, args: NoInput) -> ToolResult:
+    ctx.adopt()
+    return ToolResult(text="the candidate is the new best")
+
+
+def _revert_tool(ctx: ReplayBench, args: NoInput) -> ToolResult:
+    ctx.revert()
+    return ToolResult(text="candidate dropped")
+
+
 def replay(run_dir: Path, repo: Path | None = None, gate_config: GateConfig | None = None, on_row=None) -> ReplayReport:
     record = rec.RunRecord.open(run_dir)
     info = record.info
     repo = Path(repo or info.repo_root)
-    attempts = attempts_from_events(record.events())
     report = ReplayReport(run_id=info.run_id, recorded_machine=_machine(info.machine, info.versions))
+    policy = ReplayPolicy.from_record(run_dir, on_row=on_row)
     with tempfile.TemporaryDirectory(prefix="kloop-replay-") as tmp:
-        tmp = Path(tmp)
-        trusted = _export(repo, info.base_commit, info.task_rel, tmp / "trusted")
-        state_root = tmp / "state"
-        state_task = _export(repo, info.base_commit, info.task_rel, state_root)
-        gate = Gate(trusted, info.task_rel, gate_config or GateConfig(**(info.config or {}).get("gate", {})))
-        best = build(gate.task, src_root=state_task)
-        for a in attempts:
-            row = ReplayRow(attempt=a.number, title=a.title, recorded_accepted=a.accepted,
-                            recorded_speedup=a.figures.get("speedup"), recorded_reason=a.reason)
-            patch = record.read_patch(a.number) if record.patch_path(a.number).is_file() else ""
-            cand_build = None
-            cand_root = tmp / f"cand{a.number:03d}"
-            shutil.copytree(state_root, cand_root, symlinks=True)
-            cand_task = cand_root / info.task_rel if info.task_rel not in ("", ".") else cand_root
-            error = _apply(cand_root, patch)
-            if error:
-                row.replayed_accepted, row.replayed_stage, row.replayed_reason = False, "patch", f"patch does not apply: {error}"
-            elif not best.ok:
-                row.replayed_accepted, row.replayed_stage, row.replayed_reason = False, "build", "the best does not build here"
-            else:
-                v = gate.evaluate(Candidate(cand_task, changed_paths(patch)), best)
-                row.replayed_accepted, row.replayed_stage, row.replayed_reason = v.accepted, v.stage, v.reason
-                row.replayed_speedup, row.replayed_lo, row.replayed_hi = v.speedup, v.speedup_lo, v.speedup_hi
-                if v.device and not report.replay_machine:
-                    report.replay_machine = v.device.label() + (f"; {v.build.compiler}" if v.build else "")
-                cand_build = v.build
-            if a.accepted and not error:  # follow the recorded path
-                shutil.rmtree(state_root)
-                cand_root.rename(state_root)
-                best = cand_build if cand_build is not None and cand_build.ok else build(gate.task, src_root=state_task)
-            else:
-                shutil.rmtree(cand_root, ignore_errors=True)
-            report.rows.append(row)
-            if on_row:
-                on_row(row)
+        bench = ReplayBench(Path(tmp), repo, info, gate_config or RunConfig.from_info(info, where=str(Path(run_dir) / "run.json")).gate)
+        policy.run(PolicyFacade(bench))
+        report.replay_machine = bench.machine
+    report.rows = policy.rows
     return report
 
 
 def _machine(machine: dict, versions) -> str:
-    name = machine.get("name") or "unknown device"
-    parts = [name]
-    if machine.get("driver"):
-        parts.append(f"driver {machine['driver']}")
-    if getattr(versions, "compiler", None):
-        parts.append(versions.compiler)
-    return ", ".join(parts)
+    compiler = getattr(versions, "compiler", None)
+    return device_label(machine, clocks=False) + (f", {compiler}" if compiler else "")

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tools.task import Task
-from tools.bench import fmt_rate, fmt_time
+from tools.fmt import fmt_rate, fmt_time
 from tools.build import format_build
 from tools.evaluate import EvalReport
 

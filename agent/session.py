@@ -18,15 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from agent import records as rec
+from agent.config import RunConfig, RunConfigError
 from agent.gate import Candidate, Gate, GateConfig, Verdict
-from agent.policies.base import Budget
+from agent.policies.base import Budget, PolicyFacade
 from tools.task import KNOBS_FILE, Task, load_task
 from agent.trailers import format_commit_message, parse_trailers, trailer_key
 from agent.locations import default_runs_root, is_shipped_task, prepare_runs_root, task_repo_for
 from agent.runlock import RunLock
 from agent.workspace import Workspace
+from tools.agent_tools import session_toolbox
 from tools.base import ToolBox
 from tools.build import BuildResult
+from tools.fmt import device_label, fmt_ms
 from tools.sandbox import SandboxStatus, SandboxUnavailable, require as require_sandbox_here, status as sandbox_status
 
 
@@ -164,7 +167,8 @@ class Session:
         self.best_commit = ws.head()
         self.best_build: BuildResult | None = None
         self.baseline: dict[str, Any] = {}
-        self.toolbox = ToolBox(context=self)
+        self.port = SessionTools(self)
+        self.toolbox: ToolBox = session_toolbox(self.port)  # every agent tool, bound to the port
         self.started = time.monotonic()
         self.interrupted: str | None = None
         self.on_event = None  # called with each event after it is recorded (live progress display)
@@ -184,6 +188,8 @@ class Session:
         task = load_task(task_path)
         gate_config = gate_config or GateConfig()
         sandbox = _sandbox_status(gate_config.require_sandbox)  # before anything is created
+        run_config = RunConfig(policy=policy, options={k: v for k, v in (config or {}).items() if v is not None},
+                               budget=budget, gate=gate_config)
         runs_root = prepare_runs_root(runs_root or default_runs_root(task.root))
         if is_shipped_task(task.root):  # kloop's own files are never the session's repository
             task = load_task(task_repo_for(task.root, runs_root))
@@ -192,7 +198,7 @@ class Session:
         ws = Workspace.create(task.root, run_id, worktrees_root=runs_root / "_worktrees", allow_dirty=allow_dirty)
         info = rec.RunInfo(
             run_id=run_id, task=task.name, task_rel=ws.task_rel, task_path=task.root, policy=policy,
-            config={"budget": budget.__dict__, "gate": gate_config.model_dump(), **(config or {})},
+            config=run_config.to_record(),
             base_commit=ws.base_commit, branch=ws.branch, repo_root=ws.repo_root, worktree=ws.path,
             versions=_versions(None), sandbox=sandbox.as_dict(),
         )
@@ -222,12 +228,15 @@ class Session:
         try:
             info = record.info
             ws = Workspace.open(info.repo_root, info.run_id, Path(info.worktree).parent, info.task_rel, info.base_commit)
-            cfg = info.config or {}
-            gate_config = GateConfig(**cfg.get("gate", {}))
+            try:
+                run_config = RunConfig.from_info(info, where=str(record.dir / "run.json"))
+            except RunConfigError as exc:
+                raise SessionError(str(exc)) from None
+            gate_config = run_config.gate
             if require_sandbox:
                 gate_config = gate_config.model_copy(update={"require_sandbox": True})
             sandbox = _sandbox_status(gate_config.require_sandbox)
-            total = budget or Budget(**cfg.get("budget", {}))
+            total = budget or run_config.budget
             session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), total, gate_config)
             session.spent_before = spent_before(record.events())
             session.budget = remaining(total, session.spent_before)  # flags are totals for the run
@@ -385,19 +394,14 @@ class Session:
         if self.best_build is None:
             self.establish_baseline()
         number = self.attempts_made() + 1
-        if knobs:
-            current = self.task.knob_settings(self.ws.task_path)
-            current.update(self.task.resolve_knobs(knobs))
-            self.task.write_knob_settings(self.ws.task_path, current)
+        if knobs:  # validated by the gate against the trusted manifest (TaskError: nothing is recorded)
+            self.gate.write_knobs(self.ws.task_path, knobs)
         patch = self.ws.diff(against=self.best_commit)
         changed = self.ws.changed_paths(against=self.best_commit)
         patch_path = self.record.write_patch(number, patch)
         self.log("attempt_started", attempt=number, title=title, rationale=rationale,
                  patch=str(patch_path.relative_to(self.record.dir)), knobs=knobs or {})
-        if not changed:
-            verdict = Verdict(accepted=False, stage="scope", reason="nothing changed against the best")
-        else:
-            verdict = self._evaluate_or_record_interrupt(number, changed)
+        verdict = self._evaluate_or_record_interrupt(number, changed)
         self.log("verdict", attempt=number, accepted=verdict.accepted, reason=verdict.reason, figures=verdict.figures())
         if verdict.accepted:
             sha = self.ws.commit(self._message(title, rationale, verdict.figures(), number))
@@ -496,6 +500,10 @@ class Session:
         return ledger(self)
 
     # ---- running -------------------------------------------------------------------------------
+    def facade(self) -> PolicyFacade:
+        """What a policy is given: tools, budget, briefing, memory, log, stop reason; never the session."""
+        return PolicyFacade(self)
+
     def run(self, policy) -> str:
         """Run `policy` to the end; the branch is left at best whatever happens.
 
@@ -508,7 +516,7 @@ class Session:
         try:
             if self.best_build is None and not self.reuse_baseline():
                 self._baseline_or_discard()
-            reason = policy.run(self) or "done"
+            reason = policy.run(self.facade()) or "done"
         except SessionError as exc:
             reason = f"error: {exc}"
             raise
@@ -577,6 +585,48 @@ class Session:
                                      evidence_trailers(figures, self.best_build, self.record.info.run_id, number))
 
 
+class SessionTools:
+    """The session as the agent tools see it (`tools.port.SessionPort`): the trusted task, the
+    candidate's folder, notes, submit, revert and the ledger; not the gate, the workspace or the record."""
+
+    __slots__ = ("_session",)
+
+    def __init__(self, session: Session) -> None:
+        object.__setattr__(self, "_session", session)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"the session port is read-only ({name!r})")
+
+    @property
+    def task(self) -> Task:
+        return self._session.trusted_task
+
+    @property
+    def trusted_dir(self) -> Path:
+        return self._session.gate.trusted_dir
+
+    @property
+    def files_root(self) -> Path:
+        return self._session.ws.task_path
+
+    @property
+    def notes_path(self) -> Path:
+        return self._session.notes_path
+
+    @property
+    def device(self) -> dict | None:
+        return self._session.baseline.get("device")
+
+    def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None) -> Verdict:
+        return self._session.submit(title, rationale, knobs)
+
+    def revert(self) -> str:
+        return self._session.revert()
+
+    def ledger(self) -> str:
+        return self._session.ledger()
+
+
 def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, number: int) -> list[tuple[str, str]]:
     """Speedup with its interval, time per bench shape, registers/spills per kernel (change from
     best), where it was measured, run and attempt."""
@@ -587,7 +637,7 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
     ab = figures.get("ab") or {}
     for s in ab.get("shapes", []):
         out.append((trailer_key("Kloop-Time", s["shape"]),
-                    f"{_ms(s['time_a'])} -> {_ms(s['time_b'])} (x{s['speedup']:.4f}, {s['speedup_lo']:.4f}..{s['speedup_hi']:.4f}, {s['pairs']} pairs)"))
+                    f"{fmt_ms(s['time_a'], sep='')} -> {fmt_ms(s['time_b'], sep='')} (x{s['speedup']:.4f}, {s['speedup_lo']:.4f}..{s['speedup_hi']:.4f}, {s['pairs']} pairs)"))
     before = {k.name: k for k in (best.kernels if best else [])}
     for k in (figures.get("build") or {}).get("kernels", []):
         b = before.get(k["name"])
@@ -601,12 +651,7 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
         out.append(("Kloop-Knobs", " ".join(f"{k}={v}" for k, v in build["knobs"].items())))
     dev = figures.get("device") or {}
     if dev:
-        where = dev.get("name", "?")
-        if dev.get("driver"):
-            where += f", driver {dev['driver']}"
-        if dev.get("cuda_runtime"):
-            where += f", CUDA {dev['cuda_runtime']}"
-        out.append(("Kloop-Device", where))
+        out.append(("Kloop-Device", device_label(dev, clocks=False)))
     if build.get("compiler"):
         out.append(("Kloop-Compiler", build["compiler"]))
     if ab:
@@ -619,7 +664,3 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
 def _print_stderr(message: str) -> None:
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.4f}ms"

@@ -296,8 +296,11 @@ class SessionService:
     def __init__(self, session: Session):
         self.session = _share(session)
         self.run_dir = session.record.dir
-        self.toolbox = session_toolbox(session)
-        self.toolbox.add(STATUS_TOOL)
+        self.toolbox = session_toolbox(session.port)  # the agent tools see only the session port
+        # status reads the session itself (budget, best, record): this service is trusted code; the
+        # outside agent sees only the tool's answer
+        self.toolbox.add(Tool(STATUS_TOOL.name, STATUS_TOOL.description, STATUS_TOOL.input_model,
+                              lambda _port, args: status_tool(session, args)))
         session.toolbox = self.toolbox
         self._best_lock = threading.Lock()
         self._clients: set[str] = set()

@@ -21,10 +21,9 @@ import os
 from pathlib import Path
 from agent.records import list_runs
 from agent.session import Session
-from tools.agent_tools import session_toolbox
 root = Path(os.environ["KLOOP_RUNS"])
 s = Session.resume(root / list_runs(root)[-1].run_id)
-box = session_toolbox(s)
+box = s.toolbox  # every agent tool, bound to the session port
 for name, args in (("sass", {}), ("profile", {})):
     r = box.call(name, args)
     print(f"== {name} (ok={r.ok})\n{r.text}\n")

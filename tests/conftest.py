@@ -24,3 +24,10 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def nvcc_available() -> bool:
     return shutil.which("nvcc") is not None
+
+
+@pytest.fixture(scope="session")
+def kernel_build_cache(tmp_path_factory):
+    """One build cache for the kernel tests: the shared suite (test_kernels.py) and each task's own
+    tests build the same variants once."""
+    return tmp_path_factory.mktemp("kernel_builds")

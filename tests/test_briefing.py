@@ -26,7 +26,7 @@ def test_flash_briefing_has_roofline_baseline_and_comparators():
     bench = [{"shape": "d128_s1k", "flops": flops, "bytes": 6.7e7, "kernel": {"median": 1.823e-3},
               "comparators": {"sdpa_flash": {"median": 444.9e-6}, "sdpa_cudnn": {"median": 263.0e-6}}}]
     session = fake_session("flash_attn_fwd", bench)
-    flops_peak, bytes_peak = peak_rates(session.gate.task, session)
+    flops_peak, bytes_peak = peak_rates(session.gate.task, session.baseline["device"])
     assert flops_peak == 690e12 and bytes_peak == 4.24e12  # bf16 tensor cores on an H200, measured
     fields = briefing_fields(session)
     row = next(l for l in fields["bench_table"].splitlines() if l.startswith("| d128_s1k |"))

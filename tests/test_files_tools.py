@@ -4,49 +4,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from tools.task import load_task
 from tools import files
-from tools.base import ToolBox
 from tools.files import file_tools
-
-MANIFEST = """
-name = "toy"
-description = "a toy task"
-target = "cuda"
-sources = ["kernel.cu"]
-editable = ["kernel.cu", "*.cuh", "extra/*.cu"]
-
-[[shapes]]
-name = "small"
-dims = { n = 16 }
-bench = true
-"""
-
-KERNEL = "".join(f"// line {i}\n" for i in range(1, 11)) + "__global__ void k(float* x) { x[0] = 1.0f; }\n"
-
+from tests.fakes import TOY_KERNEL as KERNEL, toy_task_env
 
 @pytest.fixture
 def env(tmp_path: Path):
-    task_dir = tmp_path / "task"
-    task_dir.mkdir()
-    (task_dir / "task.toml").write_text(MANIFEST)
-    (task_dir / "spec.py").write_text("# the spec\n")
-    (task_dir / "kernel.cu").write_text(KERNEL)
-    (task_dir / "helper.h").write_text("#pragma once\n")
-    (task_dir / "extra").mkdir()
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "secret.txt").write_text("the reference answer\n")
-    task = load_task(task_dir)
-    ctx = SimpleNamespace(task=task, notes_path=tmp_path / "run" / "notes.md")
-    box = ToolBox(ctx)
-    for t in file_tools():
-        box.add(t)
-    return SimpleNamespace(box=box, root=task.root, outside=outside, ctx=ctx)
+    return toy_task_env(tmp_path, file_tools())
 
 
 def call(env, name, **kw):

@@ -1,36 +1,25 @@
-"""The flash_attn_fwd task: manifest, spec and a compile of every knob value (no GPU needed)."""
+"""The flash_attn_fwd task: what is specific to it (manifest, reference, counts, its two head-dim
+kernels); what every task must pass is in tests/test_kernels.py. No GPU needed."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from tools.task import load_task  # noqa: E402
-from tests.kernel_builds import build_variants, one_knob_at_a_time, spills  # noqa: E402
-from tools.spec import load_spec  # noqa: E402
+from tests.fakes import task_fixtures  # noqa: E402
+from tests.kernel_builds import build_variants, one_knob_at_a_time  # noqa: E402
 
-TASK_DIR = Path(__file__).resolve().parents[1] / "kernels" / "flash_attn_fwd"
-
-
-@pytest.fixture(scope="module")
-def task():
-    return load_task(TASK_DIR)
-
-
-@pytest.fixture(scope="module")
-def spec(task):
-    return load_spec(task.spec_path)
+task, spec = task_fixtures("flash_attn_fwd")
 
 
 def test_manifest(task):
     m = task.manifest
     assert m.target == "cuda" and m.arch == "sm_90a"
     assert m.sources == ["flash_attn_fwd.cu"]
-    assert task.is_editable("flash_attn_fwd.cu") and not task.is_editable("spec.py")
+    assert task.is_editable("flash_attn_fwd.cu")
     assert set(m.knobs) == {"BLOCK_M", "BLOCK_N", "NUM_WARPS", "STAGES"}
     assert "lse" in m.tolerance_for and m.tolerance_for["lse"].atol < m.tolerance.atol
     dims = {"batch", "heads", "seqlen", "head_dim", "causal"}
@@ -94,22 +83,12 @@ def test_flops_and_bytes(spec):
     assert set(spec.comparators) == {"sdpa_flash", "sdpa_cudnn"}
 
 
-# ---- compile: default knobs and each other knob value, both head dims (the .cu instantiates both)
-
-@pytest.fixture(scope="module")
-def builds(task, tmp_path_factory):
-    return build_variants(task, one_knob_at_a_time(task), tmp_path_factory.mktemp("flash_attn_builds"))
-
+# ---- compile: every knob value builds both head dims (the .cu instantiates both) -----------------
 
 @pytest.mark.slow
-def test_compiles_for_every_knob_value(task, builds):
-    assert len(builds) == 1 + sum(len(k.values) - 1 for k in task.manifest.knobs.values())
+def test_every_knob_value_builds_both_head_dim_kernels(task, kernel_build_cache):
+    builds = build_variants(task, one_knob_at_a_time(task), kernel_build_cache)  # cached by the shared suite
     for label, r in builds.items():
         assert r.ok, f"build failed for {label}:\n{r.error_text()}"
         kernels = [k.name for k in r.kernels]
         assert len(kernels) == 2, f"expected the head_dim 64 and 128 kernels for {label}, got {kernels}"
-        assert all(k.arch == "sm_90a" for k in r.kernels), (label, [k.arch for k in r.kernels])
-    # the defaults must not spill
-    default = builds["defaults"]
-    assert default.knobs == task.knob_defaults()
-    assert not spills(default), f"spills at the default knobs: {spills(default)}"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,28 +22,13 @@ from agent.records import RunRecord
 from agent.replay import replay
 from agent.session import Session, attempts_from_events
 from agent.trailers import parse_trailers
+from tests.fakes import make_repo  # noqa: F401  (other tests import it from here too)
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "kernels" / "matmul_cpu"
 GATE = GateConfig(max_seconds=3.0, min_pairs=12)
 
 pytestmark = pytest.mark.slow
-
-
-def make_repo(tmp: Path, timeout_s: int = 20) -> Path:
-    """A user's repository holding a copy of the CPU task (short worker timeout for the hang test)."""
-    repo = tmp / "userrepo"
-    shutil.copytree(TASK, repo / "kernels" / "matmul_cpu")
-    manifest = repo / "kernels" / "matmul_cpu" / "task.toml"
-    manifest.write_text(manifest.read_text().replace("timeout_s = 120", f"timeout_s = {timeout_s}"))
-    (repo / ".gitignore").write_text("runs/\n")
-    r = git.Repo.init(repo)
-    with r.config_writer() as cw:
-        cw.set_value("user", "name", "Test User")
-        cw.set_value("user", "email", "test@example.invalid")
-    r.git.add(A=True)
-    r.index.commit("task")
-    return repo
 
 
 @pytest.fixture(scope="module")

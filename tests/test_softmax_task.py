@@ -1,7 +1,8 @@
-"""The shipped `softmax` task (kernels/softmax), checked without a GPU.
+"""The shipped `softmax` task (kernels/softmax), checked without a GPU: what is specific to it (what
+every task must pass is in tests/test_kernels.py).
 
-- the manifest and the spec load and make sense (deterministic non-trivial inputs, rows of the
-  reference sum to 1, positive FLOP/byte counts, the torch comparator agrees with the reference);
+- the manifest and the spec make sense (bf16 inputs with spread, rows of the reference sum to 1,
+  the byte count, the torch comparator agrees with the reference);
 - the task's tolerance passes a correctly rounded bf16 answer with margin and fails plausible bugs;
 - softmax.cu compiles for sm_90a with the default knobs, with every value of each knob (one knob at
   a time), and with the gate's test hook (-DKLOOP_TEST_DELAY_NS), with no register spills.
@@ -10,28 +11,16 @@
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import pytest
 import torch
 
-from tools.task import load_task
+from tests.fakes import task_fixtures
 from tests.kernel_builds import build_variants, one_knob_at_a_time, spills
 from tools.check import compare
-from tools.spec import load_spec
 
-TASK_DIR = Path(__file__).resolve().parents[1] / "kernels" / "softmax"
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def task():
-    return load_task(TASK_DIR)
-
-
-@pytest.fixture(scope="module")
-def spec(task):
-    return load_spec(task.spec_path)
+task, spec = task_fixtures("softmax")
 
 
 def _close(out: torch.Tensor, ref: torch.Tensor, tol) -> bool:
@@ -46,7 +35,6 @@ def test_manifest(task):
     assert task.name == "softmax" and task.target == "cuda" and m.arch == "sm_90a"
     assert m.sources == ["softmax.cu"]
     assert task.editable_files() == ["softmax.cu"]
-    assert not task.is_editable("spec.py") and not task.is_editable("task.toml")
     assert set(m.knobs) == {"THREADS", "VEC", "ONLINE"}
     assert task.knob_defaults() == {"THREADS": 256, "VEC": 1, "ONLINE": 0}
     assert m.min_gain == pytest.approx(0.01)
@@ -62,15 +50,11 @@ def test_manifest(task):
         assert 2 * 2 * s.dims["rows"] * s.dims["cols"] >= 64 * 2**20  # large enough to be memory-bound
 
 
-def test_inputs_deterministic_and_not_trivial(spec):
+def test_inputs_are_bf16_with_spread(spec):
     shape = {"rows": 17, "cols": 4097}
     a = spec.make_inputs(shape, torch.Generator().manual_seed(1234), CPU)["x"]
-    b = spec.make_inputs(shape, torch.Generator().manual_seed(1234), CPU)["x"]
-    c = spec.make_inputs(shape, torch.Generator().manual_seed(1235), CPU)["x"]
     assert a.dtype == torch.bfloat16 and a.shape == (17, 4097) and a.is_contiguous()
-    assert torch.equal(a, b)
-    assert not torch.equal(a, c)
-    assert a.abs().max() > 0 and a.float().std() > 1.0  # spread, not zeros
+    assert a.float().std() > 1.0  # spread, not zeros
     out = spec.make_outputs(shape, {"x": a})["y"]
     assert out.dtype == torch.bfloat16 and out.shape == (17, 4097) and out.is_contiguous()
 
@@ -85,9 +69,8 @@ def test_reference_rows_sum_to_one(spec, rows, cols):
     torch.testing.assert_close(ref.double().sum(-1), torch.ones(rows, dtype=torch.float64), atol=1e-5, rtol=0)
 
 
-def test_counts_positive(spec, task):
+def test_bytes_are_one_read_and_one_write_of_bf16(spec, task):
     for s in task.manifest.shapes:
-        assert spec.flops(s.dims) > 0
         assert spec.bytes_moved(s.dims) == 4 * s.dims["rows"] * s.dims["cols"]
 
 
@@ -168,14 +151,15 @@ def test_tolerance_separates_right_from_wrong(spec, task):
 # ---- compiling softmax.cu (through tools.build, as the gate does) -------------------------------
 
 @pytest.fixture(scope="module")
-def builds(task, tmp_path_factory):
+def builds(task, kernel_build_cache):
     """Defaults, every other value of each knob (one at a time), then the gate's test hook."""
     configs = one_knob_at_a_time(task) + [{**task.knob_defaults(), "KLOOP_TEST_DELAY_NS": 10000}]
-    return build_variants(task, configs, tmp_path_factory.mktemp("softmax_builds"))
+    return build_variants(task, configs, kernel_build_cache)
 
 
-def test_every_knob_value_compiles_without_spills(task, builds):
-    assert len(builds) == 1 + sum(len(k.values) - 1 for k in task.manifest.knobs.values()) + 1
+def test_every_knob_value_builds_one_kernel_without_spills_or_warnings(task, builds):
+    """Beyond the shared suite: no variant spills (not only the defaults), the test hook builds its
+    delay kernel, and the compiler has nothing to warn about."""
     assert "defaults" in builds and "KLOOP_TEST_DELAY_NS=10000" in builds
     failures = []
     for label, r in builds.items():
@@ -185,9 +169,6 @@ def test_every_knob_value_compiles_without_spills(task, builds):
         names = [k.name for k in r.kernels]
         if len([n for n in names if "softmax_rows" in n]) != 1:
             failures.append(f"{label}: expected one softmax_rows kernel in the ptxas report, got {names}")
-        for k in r.kernels:
-            if k.arch != "sm_90a":
-                failures.append(f"{label}: {k.name} built for {k.arch}, not sm_90a")
         for name, (st, ld) in spills(r).items():
             failures.append(f"{label}: {name} spills {st} bytes stores / {ld} bytes loads")
         if "KLOOP_TEST_DELAY_NS" in label and not any("kloop_test_delay" in n for n in names):

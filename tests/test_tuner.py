@@ -11,7 +11,7 @@ from agent.policies.base import Budget
 from agent.policies.tuner import TunerPolicy
 from agent.session import Session
 from agent.trailers import parse_trailers
-from tests.test_gate_session import make_repo
+from tests.fakes import make_repo
 from tools.sweep import knob_grid
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def test_large_knob_spaces_are_sampled_with_tpe(tmp_path, monkeypatch):
                             gate_config=GateConfig(max_seconds=2.0, min_pairs=12))
     session.establish_baseline()
     tuner = TunerPolicy(trials=4, seed=0, console=Console(file=open(tmp_path / "tuner.log", "w")))
-    rows = tuner.rank(session)
+    rows = tuner.rank(session.facade())
     assert 1 <= len(rows) <= 4 and all(r.ok for r in rows)
     assert {"LOOP_ORDER": 0, "TILE": 0} in [r.knobs for r in rows]  # the enqueued starting point
     assert rows == sorted(rows, key=lambda r: r.score)

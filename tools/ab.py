@@ -22,7 +22,7 @@ from tools.bench import make_sets
 from tools.check import compare, poison, refill
 from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
-from tools.stats import Estimate, combine, t_quantile_975, trimmed_estimate
+from tools.stats import Estimate, combine, median as _median, t_quantile_975, trimmed_estimate
 from tools.timing import Timer, calls_per_sample
 
 BATCH_SECONDS = 0.05  # timing between two looks at the statistics
@@ -178,9 +178,3 @@ def recheck(task: Task, spec: Spec, st: _Shape) -> tuple[bool, str | None]:
     if not written:
         return False, "no timed call wrote its outputs"
     return (not problems), ("; ".join(problems) if problems else None)
-
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return (s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])) if n else float("nan")

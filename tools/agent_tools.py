@@ -1,8 +1,9 @@
-"""The agent's engineering tools, bound to a session: build, sass, check, bench, sweep, profile,
-history, submit, revert (the file and notes tools live in tools/files.py).
+"""The agent's engineering tools, bound to a session port (`tools.port.SessionPort`): build, sass,
+check, bench, sweep, profile, history, submit, revert (the file and notes tools live in tools/files.py).
 
-Each tool reads the candidate from the session's worktree; the manifest and spec always come from
-the trusted copy. Results are short texts (capped by the ToolBox) with structured data beside them.
+Each tool reads the candidate from the port's `files_root`; the manifest and spec always come from
+the trusted copy (`task`, `trusted_dir`). Results are short texts (capped by the ToolBox) with
+structured data beside them.
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ from pydantic import Field
 
 from tools.base import Tool, ToolBox, ToolInput, ToolResult
 from tools.build import build, format_build
+from tools.port import SessionPort
 
 KnobMap = dict[str, int | float | str | bool]
 
 
-def _trusted(ctx):
-    return ctx.gate.task
-
-
-def _build(ctx, knobs: KnobMap | None):
-    return build(_trusted(ctx), knobs or None, src_root=ctx.ws.task_path)
+def _build(ctx: SessionPort, knobs: KnobMap | None):
+    return build(ctx.task, knobs or None, src_root=ctx.files_root)
 
 
 # ---- build --------------------------------------------------------------------------------------
@@ -31,7 +29,7 @@ class BuildInput(ToolInput):
     knobs: KnobMap | None = Field(default=None, description="Knob overrides for this build, e.g. {\"THREADS\": 512}. Default: the current settings.")
 
 
-def build_tool(ctx, args: BuildInput) -> ToolResult:
+def build_tool(ctx: SessionPort, args: BuildInput) -> ToolResult:
     result = _build(ctx, args.knobs)
     return ToolResult(ok=result.ok, text=format_build(result), data=result.model_dump(mode="json", exclude={"log_tail"}))
 
@@ -45,13 +43,13 @@ class SassInput(ToolInput):
     knobs: KnobMap | None = Field(default=None, description="Knob overrides for the build to disassemble.")
 
 
-def sass_tool(ctx, args: SassInput) -> ToolResult:
+def sass_tool(ctx: SessionPort, args: SassInput) -> ToolResult:
     from tools.sass import format_mix, sass_excerpt, sass_mix
 
     result = _build(ctx, args.knobs)
     if not result.ok:
         return ToolResult(ok=False, text=format_build(result))
-    if _trusted(ctx).target != "cuda":
+    if ctx.task.target != "cuda":
         return ToolResult(ok=False, text="sass: this is a CPU task; there is no SASS (read the source and time it)")
     if args.pattern:
         kernel = args.kernel or (result.kernels[0].mangled if len(result.kernels) == 1 else None)
@@ -69,14 +67,14 @@ class CheckInput(ToolInput):
     shapes: list[str] | None = Field(default=None, description="Only these check shapes (default: all). The gate always checks all, with its own secret inputs.")
 
 
-def check_tool(ctx, args: CheckInput) -> ToolResult:
+def check_tool(ctx: SessionPort, args: CheckInput) -> ToolResult:
     from tools.check import format_check
     from tools.evaluate import run_check
 
     result = _build(ctx, args.knobs)
     if not result.ok:
         return ToolResult(ok=False, text=format_build(result))
-    res = run_check(_trusted(ctx), result.lib, shapes=args.shapes, trusted_dir=ctx.gate.trusted_dir)
+    res = run_check(ctx.task, result.lib, shapes=args.shapes, trusted_dir=ctx.trusted_dir)
     if not res.ok or res.check is None:
         return ToolResult(ok=False, text=f"check could not run: {res.error}")
     return ToolResult(ok=res.check.passed, text=format_check(res.check), data={"passed": res.check.passed})
@@ -89,15 +87,15 @@ class BenchInput(ToolInput):
     comparators: bool = Field(default=False, description="Also time the library ops the kernel replaces.")
 
 
-def bench_tool(ctx, args: BenchInput) -> ToolResult:
+def bench_tool(ctx: SessionPort, args: BenchInput) -> ToolResult:
     from tools.bench import format_bench
     from tools.evaluate import run_bench
 
     result = _build(ctx, args.knobs)
     if not result.ok:
         return ToolResult(ok=False, text=format_build(result))
-    res = run_bench(_trusted(ctx), result.lib, shapes=args.shapes, comparators=args.comparators,
-                    seconds_per_shape=args.seconds, trusted_dir=ctx.gate.trusted_dir)
+    res = run_bench(ctx.task, result.lib, shapes=args.shapes, comparators=args.comparators,
+                    seconds_per_shape=args.seconds, trusted_dir=ctx.trusted_dir)
     if not res.ok or res.bench is None:
         return ToolResult(ok=False, text=f"bench could not run: {res.error}")
     text = format_bench(res.bench, res.device.label() if res.device else "")
@@ -106,10 +104,10 @@ def bench_tool(ctx, args: BenchInput) -> ToolResult:
                       data=res.bench.model_dump(mode="json"))
 
 
-def roofline_lines(ctx, bench) -> str:
+def roofline_lines(ctx: SessionPort, bench) -> str:
     from tools.roofline import peak_rates
 
-    flops_peak, bytes_peak = peak_rates(_trusted(ctx), ctx)
+    flops_peak, bytes_peak = peak_rates(ctx.task, ctx.device)
     out = []
     for s in bench.shapes:
         if not s.kernel:
@@ -120,6 +118,24 @@ def roofline_lines(ctx, bench) -> str:
     return "\n".join(out)
 
 
+# ---- knobs --------------------------------------------------------------------------------------
+
+class KnobsInput(ToolInput):
+    pass
+
+
+def knobs_tool(ctx: SessionPort, args: KnobsInput) -> ToolResult:
+    task = ctx.task
+    if not task.manifest.knobs:
+        return ToolResult(text="this task has no knobs", data={"knobs": {}, "current": {}, "space": 0})
+    current = task.knob_settings(ctx.files_root)
+    lines = [f"{name}: {current[name]} (allowed: {', '.join(map(str, k.values))}){' — ' + k.help if k.help else ''}"
+             for name, k in task.manifest.knobs.items()]
+    lines.append(f"{task.knob_space_size()} settings in all; land one with submit(knobs=...)")
+    return ToolResult(text="\n".join(lines), data={"knobs": {n: list(k.values) for n, k in task.manifest.knobs.items()},
+                                                    "current": current, "space": task.knob_space_size()})
+
+
 # ---- sweep --------------------------------------------------------------------------------------
 
 class SweepInput(ToolInput):
@@ -127,14 +143,14 @@ class SweepInput(ToolInput):
     seconds: float = Field(default=0.3, gt=0, le=3, description="Timing seconds per shape per setting.")
 
 
-def sweep_tool(ctx, args: SweepInput) -> ToolResult:
+def sweep_tool(ctx: SessionPort, args: SweepInput) -> ToolResult:
     from tools.sweep import format_sweep, knob_grid, sweep
 
-    configs = args.configs or knob_grid(_trusted(ctx))
+    configs = args.configs or knob_grid(ctx.task)
     if len(configs) > 64:
         return ToolResult(ok=False, text=f"sweep: {len(configs)} settings is too many for one call (max 64); pass `configs`")
-    rows = sweep(_trusted(ctx), configs, src_root=ctx.ws.task_path, trusted_dir=ctx.gate.trusted_dir, seconds_per_shape=args.seconds)
-    current = ctx.task.knob_settings(ctx.ws.task_path)
+    rows = sweep(ctx.task, configs, src_root=ctx.files_root, trusted_dir=ctx.trusted_dir, seconds_per_shape=args.seconds)
+    current = ctx.task.knob_settings(ctx.files_root)
     return ToolResult(text=format_sweep(rows, baseline=current) + "\nTo land a setting, submit with `knobs`.",
                       data={"rows": [r.model_dump(mode="json") for r in rows]})
 
@@ -146,7 +162,7 @@ class ProfileInput(ToolInput):
     knobs: KnobMap | None = Field(default=None, description="Knob overrides.")
 
 
-def profile_tool(ctx, args: ProfileInput) -> ToolResult:
+def profile_tool(ctx: SessionPort, args: ProfileInput) -> ToolResult:
     import sys
     import tempfile
 
@@ -154,7 +170,7 @@ def profile_tool(ctx, args: ProfileInput) -> ToolResult:
     from tools.protocol import WorkerRequest
     from tools.runner import scrubbed_env
 
-    task = _trusted(ctx)
+    task = ctx.task
     if task.target != "cuda":
         return ToolResult(ok=False, text="profile: unavailable for CPU tasks (ncu profiles CUDA kernels)")
     result = _build(ctx, args.knobs)
@@ -164,7 +180,7 @@ def profile_tool(ctx, args: ProfileInput) -> ToolResult:
     task.shape(shape)
     regex = "|".join(k.mangled for k in result.kernels) or None
     with tempfile.TemporaryDirectory(prefix="kloop-profile-") as tmp:
-        req = WorkerRequest(kind="bench", task_dir=str(ctx.gate.trusted_dir), libs=[result.lib], shapes=[shape],
+        req = WorkerRequest(kind="bench", task_dir=str(ctx.trusted_dir), libs=[result.lib], shapes=[shape],
                             comparators=False, max_seconds=0.0)
         Path(tmp, "req.json").write_text(req.model_dump_json())
         prof = profile_command([sys.executable, "-m", "tools.worker", str(Path(tmp, "req.json")), str(Path(tmp, "res.json"))],
@@ -178,7 +194,7 @@ class HistoryInput(ToolInput):
     pass
 
 
-def history_tool(ctx, args: HistoryInput) -> ToolResult:
+def history_tool(ctx: SessionPort, args: HistoryInput) -> ToolResult:
     return ToolResult(text=ctx.ledger() or "no attempts yet")
 
 
@@ -188,20 +204,21 @@ class SubmitInput(ToolInput):
     knobs: KnobMap | None = Field(default=None, description="Knob settings to land with this change (saved in knobs.toml).")
 
 
-def submit_tool(ctx, args: SubmitInput) -> ToolResult:
+def submit_tool(ctx: SessionPort, args: SubmitInput) -> ToolResult:
     verdict = ctx.submit(args.title, args.rationale, args.knobs)
     text = verdict.summary()
     text += ("\nThe change is committed; it is the new best." if verdict.accepted
              else "\nThe worktree is back at the best version; your edits were reverted (the attempt is recorded).")
     return ToolResult(ok=True, text=text, event="accepted" if verdict.accepted else "rejected",
-                      data={"accepted": verdict.accepted, "stage": verdict.stage, "speedup": verdict.speedup})
+                      data={"accepted": verdict.accepted, "stage": verdict.stage, "reason": verdict.reason,
+                            "speedup": verdict.speedup, "speedup_lo": verdict.speedup_lo, "speedup_hi": verdict.speedup_hi})
 
 
 class RevertInput(ToolInput):
     pass
 
 
-def revert_tool(ctx, args: RevertInput) -> ToolResult:
+def revert_tool(ctx: SessionPort, args: RevertInput) -> ToolResult:
     sha = ctx.revert()
     return ToolResult(text=f"worktree restored to the best version ({sha[:10]}); uncommitted edits are gone", event="reverted")
 
@@ -211,6 +228,7 @@ ENGINEERING_TOOLS = [
     Tool("sass", "The SASS instruction mix per kernel (tensor-core, FP32, loads/stores with widths, local memory, barriers, shuffles, MUFU), or an excerpt around a regex.", SassInput, sass_tool),
     Tool("check", "Run the correctness check (fresh random inputs, every check shape, poisoned outputs, inputs verified unchanged) and show the error table.", CheckInput, check_tool),
     Tool("bench", "Quick non-gating timing per bench shape: median and spread, TFLOP/s and GB/s, % of the roofline; optionally the comparators.", BenchInput, bench_tool),
+    Tool("knobs", "The task's knobs: current setting, allowed values and what each does.", KnobsInput, knobs_tool),
     Tool("sweep", "Rank knob settings: parallel builds, quick timings, a ranked table. Use it before hand-tuning constants.", SweepInput, sweep_tool),
     Tool("profile", "Nsight Compute figures for one bench shape: SM/DRAM/tensor-pipe throughput %, occupancy, top stall reasons, bank conflicts.", ProfileInput, profile_tool),
     Tool("history", "Every attempt so far: title, verdict, speedup and the gate's reason.", HistoryInput, history_tool),
@@ -219,7 +237,8 @@ ENGINEERING_TOOLS = [
 ]
 
 
-def session_toolbox(ctx) -> ToolBox:
+def session_toolbox(ctx: SessionPort) -> ToolBox:
+    """Every agent tool (files, notes, engineering), bound to one session port."""
     from tools.files import file_tools
 
     box = ToolBox(context=ctx)

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from tools.fmt import fmt_rate, fmt_time
 from tools.task import Task
 from tools.protocol import BenchReport, ShapeBench, Timing
 from tools.spec import Spec
@@ -113,17 +114,3 @@ def format_bench(report: BenchReport, where: str = "") -> str:
         for what, err in s.comparator_errors.items():
             rows.append(f"{s.shape:<18} {what:<14} unavailable: {err}")
     return "\n".join(rows)
-
-
-def fmt_time(seconds: float) -> str:
-    if seconds >= 1e-1:
-        return f"{seconds * 1e3:.1f} ms"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.1f} us"
-
-
-def fmt_rate(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.1f}" if x >= 10 else f"{x:.3f}"

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from tools.proc import demangle, find_program, tail
 from tools.sandbox import minimal_env, wrap
 from tools.secrets import scrub
 from tools.task import KnobValue, Task
@@ -90,7 +91,7 @@ class BuildError(Exception):
 # ---- toolchain --------------------------------------------------------------------------------
 
 def _which(name: str) -> str | None:
-    return shutil.which(name)
+    return shutil.which(name)  # PATH only: the host compiler and ninja
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,13 +109,7 @@ def compiler_version(target: str) -> str:
 
 
 def _nvcc() -> str | None:
-    found = _which("nvcc")
-    if found:
-        return found
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and Path(home, "bin", "nvcc").is_file():
-            return str(Path(home, "bin", "nvcc"))
-    return None
+    return find_program("nvcc")
 
 
 def _cxx() -> str | None:
@@ -314,7 +309,7 @@ def build(
         errors=[] if ok else parse_compile_errors(logs or ninja_out, work / "src"),
         warnings=parse_ptxas_warnings(logs),
         kernels=parse_ptxas(logs) if task.target == "cuda" else [],
-        log_tail=_tail(logs or ninja_out, 3000),
+        log_tail=tail(logs or ninja_out, 3000),
     )
     (work / "build.json").write_text(result.model_dump_json(indent=1))
     try:
@@ -355,10 +350,6 @@ def safe_log(log: str, src_dir: Path) -> str:
         elif not withhold:
             out.append(line)
     return scrub("\n".join(out))
-
-
-def _tail(text: str, n: int) -> str:
-    return text if len(text) <= n else "..." + text[-n:]
 
 
 # ---- parsing compiler output ------------------------------------------------------------------
@@ -436,16 +427,6 @@ def parse_ptxas_warnings(log: str) -> list[str]:
             if text not in seen:
                 seen.append(text)
     return seen[:20]
-
-
-def demangle(names: list[str]) -> dict[str, str]:
-    tool = _which("c++filt")
-    mangled = [n for n in names if n.startswith("_Z")]
-    if not tool or not mangled:
-        return {}
-    out = subprocess.run([tool], input="\n".join(mangled), capture_output=True, text=True,
-                         env=minimal_env()).stdout.splitlines()
-    return dict(zip(mangled, out)) if len(out) == len(mangled) else {}
 
 
 def format_build(result: BuildResult) -> str:

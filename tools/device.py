@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import platform
-import shutil
 import subprocess
 
 import torch
 
+from tools.proc import find_program
 from tools.protocol import DeviceInfo
 
 
 def _nvidia_smi(index: int) -> dict[str, str]:
-    exe = shutil.which("nvidia-smi")
+    exe = find_program("nvidia-smi", cuda_dirs=())
     if not exe:
         return {}
     fields = ["driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem"]

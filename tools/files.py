@@ -6,8 +6,8 @@ could point at the harness, the reference or the user's home). Reads may look at
 task folder; writes only at files matching the manifest's `editable` globs, never the manifest or
 the spec. Files are UTF-8 text; binary content (NUL bytes, invalid UTF-8) is refused both ways.
 
-The context object needs `task` (tools.task.Task, its `root` inside the session's worktree) and
-`notes_path` (a Path the agent keeps notes in across turns).
+The context is a `tools.port.SessionPort`: these tools use its `task` (the manifest: what is
+editable), `files_root` (the candidate's task folder, where paths resolve) and `notes_path`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from pydantic import Field
 
 from tools.task import MANIFEST
 from tools.base import Tool, ToolInput, ToolResult
+from tools.port import SessionPort
+from tools.scope import change_refusal, symlink_component
 
 READ_MAX_LINES = 400  # lines shown per read_file call
 READ_MAX_CHARS = 10_000  # characters shown per read_file call (stays under the ToolBox cap)
@@ -70,13 +72,13 @@ def resolve_path(root: Path, path: str) -> tuple[Path, str]:
     """
     rel = _clean_relpath(path)
     root = Path(root)
+    link = symlink_component(root, rel.as_posix())
+    if link is not None:
+        where = "is a symbolic link" if link == rel.as_posix() else f"goes through {link!r}, a symbolic link"
+        raise PathError(f"{path!r} {where}; links are never followed (not even inside the task folder)")
     cur = root
     for i, part in enumerate(rel.parts):
         cur = cur / part
-        if cur.is_symlink():
-            shown = "/".join(rel.parts[: i + 1])
-            where = "is a symbolic link" if i == len(rel.parts) - 1 else f"goes through {shown!r}, a symbolic link"
-            raise PathError(f"{path!r} {where}; links are never followed (not even inside the task folder)")
         if i < len(rel.parts) - 1 and cur.exists() and not cur.is_dir():
             shown = "/".join(rel.parts[: i + 1])
             raise PathError(f"{path!r}: {shown!r} is a file, not a folder")
@@ -101,13 +103,9 @@ def _role(task: Any, rel: str) -> str:
 
 
 def _check_writable(task: Any, rel: str, path: str) -> None:
-    if rel == MANIFEST:
-        raise PathError(f"{path!r}: the manifest ({MANIFEST}) is read-only: the gate trusts it")
-    if rel == PurePosixPath(task.manifest.spec).as_posix():
-        raise PathError(f"{path!r}: the spec is read-only: it holds the reference and the inputs the gate trusts")
-    if not task.is_editable(rel):
-        globs = ", ".join(task.manifest.editable)
-        raise PathError(f"{path!r}: not editable; only files matching the editable globs may be written ({globs})")
+    why = change_refusal(task, rel, by_submit=False)
+    if why:
+        raise PathError(f"{path!r}: {why}")
 
 
 def _read_text(file: Path, shown: str) -> str:
@@ -202,8 +200,8 @@ def _err(exc: Exception) -> ToolResult:
     return ToolResult(ok=False, text=f"error: {exc}")
 
 
-def _task_root(ctx: Any) -> Path:
-    return Path(ctx.task.root)
+def _task_root(ctx: SessionPort) -> Path:
+    return Path(ctx.files_root)
 
 
 # ---------------------------------------------------------------------------------------------

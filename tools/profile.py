@@ -25,13 +25,13 @@ import csv
 import io
 import os
 import re
-import shutil
-import signal
 import statistics
 import subprocess
 from typing import Literal, Mapping, Sequence
 
 from pydantic import BaseModel, Field
+
+from tools.proc import find_program, kill_group, tail
 
 # --- what is measured ------------------------------------------------------------------------
 
@@ -106,6 +106,7 @@ METRICS: tuple[str, ...] = (
 ) + tuple(STALL_METRIC.format(r) for r in STALL_REASONS)  # fmt: skip
 
 DEFAULT_TIMEOUT_S = 600.0
+TAIL_CHARS = 3000  # characters of ncu's output kept with an error
 NCU_FALLBACK_DIRS: tuple[str, ...] = ("/usr/local/cuda/bin",)  # looked in when ncu is not on PATH
 DEFAULT_LAUNCH_COUNT = 10
 
@@ -357,22 +358,13 @@ _UNAVAILABLE_PATTERNS: list[tuple[re.Pattern[str], str]] = [
 def find_ncu(env: Mapping[str, str] | None = None) -> str | None:
     """Path of the ncu executable: on PATH, else under $CUDA_HOME/bin or /usr/local/cuda/bin."""
     e = os.environ if env is None else env
-    found = shutil.which("ncu", path=e.get("PATH", ""))
-    if found:
-        return found
-    dirs = [os.path.join(h, "bin") for h in (e.get("CUDA_HOME"), e.get("CUDA_PATH")) if h]
-    for d in dirs + list(NCU_FALLBACK_DIRS):
-        if d:
-            cand = os.path.join(d, "ncu")
-            if os.path.isfile(cand) and os.access(cand, os.X_OK):
-                return cand
-    return None
+    return find_program("ncu", {"PATH": "", **e}, cuda_dirs=NCU_FALLBACK_DIRS)
 
 
 def gpu_unavailable_reason(env: Mapping[str, str] | None = None, timeout: float = 30) -> str | None:
     """Why no GPU can be profiled here (None when `nvidia-smi -L` lists at least one GPU)."""
     e = os.environ if env is None else env
-    smi = shutil.which("nvidia-smi", path=e.get("PATH", ""))
+    smi = find_program("nvidia-smi", {"PATH": "", **e}, cuda_dirs=())
     if smi is None:
         return "no NVIDIA driver here (nvidia-smi not found on PATH)"
     try:
@@ -470,24 +462,13 @@ def profile_command(
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         out, err = proc.communicate()
         return ProfileResult(
             status="error", reason=f"ncu did not finish within {timeout:g} s (profiling replays each kernel many "
-            "times; profile fewer launches or a smaller shape)", command=argv, output_tail=_tail((out or "") + (err or "")),
+            "times; profile fewer launches or a smaller shape)", command=argv, output_tail=tail((out or "") + (err or ""), TAIL_CHARS),
         )  # fmt: skip
     return interpret_ncu_output(out or "", err or "", proc.returncode, argv)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-
-
-def _tail(text: str, limit: int = 3000) -> str:
-    return text if len(text) <= limit else "..." + text[-limit:]
 
 
 def _diagnostics(text: str) -> str:
@@ -498,7 +479,7 @@ def _diagnostics(text: str) -> str:
 def interpret_ncu_output(stdout: str, stderr: str, returncode: int | None, argv: Sequence[str] = ()) -> ProfileResult:
     """Turn one ncu run's output into a ProfileResult (separate from running it, for tests)."""
     combined = stdout + ("\n" if stdout and stderr else "") + stderr
-    tail = _tail(combined)
+    out_tail = tail(combined, TAIL_CHARS)
     argv = list(argv)
     kernels = parse_ncu_csv(stdout) or parse_ncu_csv(combined)
     warnings = [ln.split("==", 2)[-1].strip() for ln in combined.splitlines() if ln.startswith(("==WARNING==", "==ERROR=="))]
@@ -506,12 +487,12 @@ def interpret_ncu_output(stdout: str, stderr: str, returncode: int | None, argv:
     if kernels:
         if returncode:
             warnings.append(f"the profiled command exited with status {returncode}")
-        return ProfileResult(status="ok", kernels=kernels, command=argv, returncode=returncode, warnings=warnings, output_tail=tail)
+        return ProfileResult(status="ok", kernels=kernels, command=argv, returncode=returncode, warnings=warnings, output_tail=out_tail)
     for pattern, why in _UNAVAILABLE_PATTERNS:
         m = pattern.search(combined)
         if m:
             line = next((ln.strip() for ln in combined.splitlines() if pattern.search(ln)), m.group(0))
-            return ProfileResult.unavailable(f"{why} ({line[:300]})", command=argv, returncode=returncode, output_tail=tail)
+            return ProfileResult.unavailable(f"{why} ({line[:300]})", command=argv, returncode=returncode, output_tail=out_tail)
     if "No kernels were profiled" in combined:
         avail = _available_kernels(combined)
         reason = "no kernel launch matched"
@@ -519,12 +500,12 @@ def interpret_ncu_output(stdout: str, stderr: str, returncode: int | None, argv:
             i = argv.index("--kernel-name")
             reason += f" --kernel-name {argv[i + 1]}"
         reason += "; kernels the command launched: " + (", ".join(avail) if avail else "none (did it launch any?)")
-        return ProfileResult(status="error", reason=reason, command=argv, returncode=returncode, warnings=warnings, output_tail=tail)
+        return ProfileResult(status="error", reason=reason, command=argv, returncode=returncode, warnings=warnings, output_tail=out_tail)
     diag = _diagnostics(combined)
     reason = f"ncu exited with status {returncode} and profiled no kernel"
     if diag:
         reason += ": " + diag.splitlines()[-1][:300]
-    return ProfileResult(status="error", reason=reason, command=argv, returncode=returncode, warnings=warnings, output_tail=tail)
+    return ProfileResult(status="error", reason=reason, command=argv, returncode=returncode, warnings=warnings, output_tail=out_tail)
 
 
 def _available_kernels(text: str) -> list[str]:

@@ -27,14 +27,9 @@ class DeviceInfo(BaseModel):
     host: str | None = None
 
     def label(self) -> str:
-        parts = [self.name]
-        if self.driver:
-            parts.append(f"driver {self.driver}")
-        if self.cuda_runtime:
-            parts.append(f"CUDA {self.cuda_runtime}")
-        if self.sm_clock_mhz:
-            parts.append(f"SM {self.sm_clock_mhz}/{self.max_sm_clock_mhz or '?'} MHz")
-        return ", ".join(parts)
+        from tools.fmt import device_label
+
+        return device_label(self)
 
 
 # ---- correctness --------------------------------------------------------------------------------

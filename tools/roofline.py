@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from tools.task import Task
 
 # Peak rates for the roofline: (value, where it comes from). Measured figures are from the device
@@ -22,9 +20,8 @@ def device_key(device: dict | None) -> str | None:
     return next((k for k in PEAKS if k in name), None)
 
 
-def peak_rates(task: Task, session: Any = None) -> tuple[float | None, float | None]:
-    """(FLOP/s, bytes/s) for the task's compute unit on the session's device; None where unknown."""
-    device = (getattr(session, "baseline", {}) or {}).get("device") if session is not None else None
+def peak_rates(task: Task, device: dict | None) -> tuple[float | None, float | None]:
+    """(FLOP/s, bytes/s) for the task's compute unit on `device` (a measured DeviceInfo as a dict); None where unknown."""
     key = device_key(device)
     if key is None:
         return None, None

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from tools.proc import kill_group, tail
 from tools.protocol import WorkerRequest, WorkerResult
 from tools.sandbox import LOCKDOWN_VAR, minimal_env, status, wrap
 
@@ -74,7 +75,7 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
         try:
             finished, peak_rss = _wait(proc, timeout)
         finally:
-            _kill_group(proc)  # nothing the kernel forked outlives the evaluation (nor a Ctrl-C)
+            kill_group(proc)  # nothing the kernel forked outlives the evaluation (nor a Ctrl-C)
             if proc.returncode is None:
                 _reap(proc)
         text = reader.text()
@@ -294,13 +295,6 @@ def _own_group_dies_with_parent(memory_limit: int | None = None) -> None:
         pass
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _status(code: int | None) -> str:
     if code is None:
         return "did not finish"
@@ -315,7 +309,4 @@ def _status(code: int | None) -> str:
 
 
 def _tail(text, n: int = 1500) -> str:
-    if isinstance(text, bytes):
-        text = text.decode(errors="replace")
-    text = (text or "").strip()
-    return text if len(text) <= n else "..." + text[-n:]
+    return tail(text, n, strip=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Mapping
 
 from pydantic import BaseModel
 
+from tools.proc import demangle, find_program
 from tools.sandbox import minimal_env
 
 INSTALL_HINT = "install them with: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
@@ -32,9 +32,8 @@ class SassError(Exception):
 
 
 def _tool_dirs() -> list[Path]:
-    """Where CUDA binaries live besides PATH: the toolkit, then the NVIDIA pip wheels."""
-    dirs = [Path(os.environ[v]) / "bin" for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
-    dirs.append(Path("/usr/local/cuda/bin"))
+    """Where CUDA binaries live besides PATH and the toolkit (tools.proc.find_program): the NVIDIA pip wheels."""
+    dirs: list[Path] = []
     spec = importlib.util.find_spec("nvidia")
     roots = (spec.submodule_search_locations or []) if spec else []
     for root in roots:
@@ -45,14 +44,8 @@ def _tool_dirs() -> list[Path]:
 
 
 def _find_tool(name: str) -> Path | None:
-    on_path = shutil.which(name)
-    if on_path:
-        return Path(on_path)
-    for folder in _tool_dirs():
-        candidate = folder / name
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    found = find_program(name, extra_dirs=_tool_dirs())
+    return Path(found) if found else None
 
 
 def find_cuobjdump() -> Path | None:
@@ -229,25 +222,10 @@ def _split_functions(text: str) -> list[tuple[str, str | None, list[SassInstruct
     return functions
 
 
-def _demangle(names: list[str]) -> dict[str, str]:
-    """Demangled C++ names, in one c++filt call; {} when c++filt is absent (names stay mangled)."""
-    mangled = [n for n in names if n.startswith("_Z")]
-    cxxfilt = shutil.which("c++filt")
-    if not mangled or cxxfilt is None:
-        return {}
-    try:
-        proc = subprocess.run([cxxfilt], input="\n".join(mangled) + "\n", capture_output=True,
-                              text=True, timeout=60, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    demangled = proc.stdout.splitlines()
-    return dict(zip(mangled, demangled)) if len(demangled) == len(mangled) else {}
-
-
 def parse_sass(text: str) -> dict[str, KernelSass]:
     """Kernels of a `cuobjdump --dump-sass` listing, keyed by mangled name (as ptxas -v names them)."""
     functions = _split_functions(text)
-    names = _demangle([mangled for mangled, _, _ in functions])
+    names = demangle([mangled for mangled, _, _ in functions])
     kernels: dict[str, KernelSass] = {}
     for mangled, arch, instructions in functions:
         name = names.get(mangled, mangled)

@@ -69,6 +69,19 @@ def combine(estimates: list[Estimate], weights: list[float]) -> Estimate:
     return Estimate(mean, math.sqrt(var), sum(e.n for e in estimates))
 
 
+def median(values: list[float]) -> float:
+    return quantile(values, 0.5)
+
+
+def weighted_geomean(values: list[float], weights: list[float]) -> float | None:
+    """exp(sum w*log v / sum w) over the positive values; None when there are none."""
+    pairs = [(v, w) for v, w in zip(values, weights) if v > 0]
+    total = sum(w for _, w in pairs)
+    if not pairs or total <= 0:
+        return None
+    return math.exp(sum(w * math.log(v) for v, w in pairs) / total)
+
+
 def quantile(values: list[float], q: float) -> float:
     xs = sorted(values)
     if not xs:

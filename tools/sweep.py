@@ -15,7 +15,9 @@ from typing import Any, Callable
 from pydantic import BaseModel, Field
 
 from tools.task import KnobValue, Task, TaskError
+from tools import stats
 from tools.build import build
+from tools.fmt import fmt_ms
 from tools.evaluate import run_bench
 
 
@@ -39,11 +41,9 @@ def knob_grid(task: Task, fixed: dict[str, Any] | None = None) -> list[dict[str,
 
 
 def weighted_geomean(task: Task, times: dict[str, float]) -> float | None:
-    shapes = [s for s in task.bench_shapes if s.name in times and times[s.name] > 0]
-    if not shapes:
-        return None
-    total = sum(s.weight for s in shapes)
-    return math.exp(sum(s.weight * math.log(times[s.name]) for s in shapes) / total)
+    """The task's bench-shape weights over `times` (shape -> seconds)."""
+    shapes = [s for s in task.bench_shapes if s.name in times]
+    return stats.weighted_geomean([times[s.name] for s in shapes], [s.weight for s in shapes])
 
 
 def sweep(task: Task, configs: list[dict[str, Any]], src_root: Path | None = None, trusted_dir: Path | None = None,
@@ -103,7 +103,7 @@ def format_sweep(rows: list[SweepRow], baseline: dict[str, KnobValue] | None = N
             continue
         rel = f"x{base / r.score:.3f}" if base and r.score else ""
         spill = f"  SPILLS {r.spills} B" if r.spills else ""
-        lines.append(f"{i:>4}  {r.score * 1e3:>13.4f} ms {rel:>10}  {knobs}{spill}")
+        lines.append(f"{i:>4}  {fmt_ms(r.score):>16} {rel:>10}  {knobs}{spill}")
     if rows and rows[0].device:
         lines.append(f"(quick timings, not gating; measured on {rows[0].device})")
     return "\n".join(lines)

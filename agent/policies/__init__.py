@@ -1,0 +1,77 @@
+"""Policies behind one registry: name -> how to make one. The CLI (and any other entry point) picks
+from here; a new policy is one entry.
+
+A factory takes keyword options (`model`, `seed`, `console`, `run_dir`...) and uses those it knows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from agent.policies.base import Policy
+
+
+class PolicyError(ValueError):
+    """An unknown policy name, or options a policy cannot start from."""
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    summary: str
+    factory: Callable[..., Policy]
+    needs_api_key: bool = False  # talks to the Messages API
+    interactive: bool = True  # can drive `kloop optimize` (replay re-runs a recorded session instead)
+
+
+CLAUDE_SETTINGS = ("max_tokens", "effort", "thinking", "context_limit", "keep_tool_results", "retry_hours",
+                   "max_retry_wait_s")
+
+
+def _claude(model: str | None = None, claude: dict | None = None, **_: Any) -> Policy:
+    """`claude`: settings as `ClaudePolicy.settings()` records them (unknown keys and None are ignored)."""
+    from agent.policies.claude import ClaudePolicy
+
+    settings = {k: v for k, v in (claude or {}).items() if k in CLAUDE_SETTINGS and v is not None}
+    if isinstance(settings.get("thinking"), dict):  # as recorded: the request parameter
+        recorded = settings["thinking"]
+        settings["thinking"] = {"adaptive": "adaptive", "disabled": "off"}.get(recorded.get("type"),
+                                                                                recorded.get("budget_tokens"))
+    try:
+        return ClaudePolicy(model=model, **settings) if model else ClaudePolicy(**settings)
+    except (KeyError, ValueError) as exc:
+        raise PolicyError(str(exc).strip("'\"")) from None
+
+
+def _tuner(seed: int | None = None, console: Any = None, **_: Any) -> Policy:
+    from agent.policies.tuner import TunerPolicy
+
+    return TunerPolicy(seed=seed, console=console)
+
+
+def _replay(run_dir: Any = None, on_row: Any = None, **_: Any) -> Policy:
+    from agent.policies.replay import ReplayPolicy
+
+    if run_dir is None:
+        raise PolicyError("the replay policy re-submits a recorded session's patches: run `kloop replay RUN`")
+    return ReplayPolicy.from_record(run_dir, on_row=on_row)
+
+
+REGISTRY: dict[str, PolicySpec] = {s.name: s for s in (
+    PolicySpec("claude", "Claude over the Messages API: reads, edits, builds, profiles and submits", _claude, needs_api_key=True),
+    PolicySpec("tuner", "searches the task's knobs (exhaustive or TPE) and submits the settings that rank faster", _tuner),
+    PolicySpec("replay", "re-submits a recorded session's patches, in order, to a gate on this machine", _replay, interactive=False),
+)}
+
+
+def policy_spec(name: str) -> PolicySpec:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise PolicyError(f"no policy named {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+def make_policy(name: str, **options: Any) -> Policy:
+    """A policy by its registry name; PolicyError names what is wrong."""
+    return policy_spec(name).factory(**options)

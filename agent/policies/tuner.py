@@ -1,20 +1,24 @@
 """The knob tuner: searches a task's declared knobs through the same gate, no LLM needed.
 
-Search: exhaustive when the space is small, otherwise optuna's TPE sampler (ask/tell) on quick,
-non-gating timings. Either way the sweep only *orders* the candidates; each one that looks faster
-than the best goes through `submit`, and only the gate decides what lands. The search stops after
-`patience` consecutive rejections among the top-ranked settings, or when the budget says so.
+It acts only through tools, like any policy: `knobs` (the space and the current setting), `sweep`
+(quick, non-gating timings that only *order* the candidates) and `submit` (the gate decides what
+lands). Search: exhaustive when the space is small, otherwise optuna's TPE sampler (ask/tell). Each
+setting that looks faster than the best is submitted. The search stops after `patience`
+consecutive rejections among the top-ranked settings, or when the budget says so.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 from typing import Any
 
 from rich.console import Console
 
-from tools.task import KnobValue
-from tools.sweep import SweepRow, format_sweep, knob_grid, sweep
+from agent.policies.base import PolicyContext
+from tools.fmt import fmt_ms
+from tools.sweep import SweepRow, format_sweep
 
 EXHAUSTIVE_MAX = 64
 RANKING_NOTE = "tuner ranking"  # the note holding the sweep's rows (read back on resume)
@@ -28,6 +32,10 @@ def _key(knobs: dict) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in knobs.items()))
 
 
+class PolicyToolError(RuntimeError):
+    """A tool the tuner relies on answered with an error."""
+
+
 class TunerPolicy:
     name = "tuner"
 
@@ -39,46 +47,61 @@ class TunerPolicy:
         self.seed = seed
         self.console = console or Console(stderr=True)
 
+    # -- tools ---------------------------------------------------------------------------------
+    @staticmethod
+    def _call(ctx: PolicyContext, name: str, **args: Any) -> dict:
+        res = ctx.toolbox.call(name, args)
+        if not res.ok:
+            raise PolicyToolError(f"{name}: {res.text[:500]}")
+        return res.data or {}
+
+    def _knobs(self, ctx: PolicyContext) -> dict:
+        return self._call(ctx, "knobs")
+
     # -- ranking -------------------------------------------------------------------------------
-    def rank(self, ctx) -> list[SweepRow]:
-        task = ctx.gate.task
-        if not task.manifest.knobs:
+    def rank(self, ctx: PolicyContext) -> list[SweepRow]:
+        space = self._knobs(ctx)
+        if not space["knobs"]:
             return []
-        if task.knob_space_size() <= EXHAUSTIVE_MAX:
-            configs = knob_grid(task)
+        if space["space"] <= EXHAUSTIVE_MAX:
+            names = sorted(space["knobs"])
+            configs = [dict(zip(names, combo)) for combo in itertools.product(*(space["knobs"][n] for n in names))]
             self.console.print(f"[bold]tuner[/]: exhaustive sweep of {len(configs)} knob settings")
             return self._sweep(ctx, configs)
-        return self._sample(ctx)
+        return self._sample(ctx, space)
 
-    def _sweep(self, ctx, configs: list[dict[str, KnobValue]]) -> list[SweepRow]:
-        def on_row(i: int, n: int, row: SweepRow) -> None:
-            if n > 1:
-                self._progress(i, n, row)
-            if i < n and ctx.stop_reason():  # a Ctrl-C: stop after this setting, not after the whole sweep
+    def _sweep(self, ctx: PolicyContext, configs: list[dict]) -> list[SweepRow]:
+        """Sweep in batches of one setting per core (builds run in parallel within a batch), showing progress."""
+        batch = max(1, os.cpu_count() or 2)
+        rows: list[SweepRow] = []
+        for start in range(0, len(configs), batch):
+            data = self._call(ctx, "sweep", configs=configs[start:start + batch], seconds=self.seconds)
+            for row in map(SweepRow.model_validate, data["rows"]):
+                rows.append(row)
+                if len(configs) > 1:
+                    self._progress(len(rows), len(configs), row)
+            if len(rows) < len(configs) and ctx.stop_reason():  # a Ctrl-C: stop after this batch, not the sweep
                 raise _SweepStopped()
-
-        return sweep(ctx.gate.task, configs, src_root=ctx.ws.task_path, trusted_dir=ctx.gate.trusted_dir,
-                     seconds_per_shape=self.seconds, on_row=on_row)
+        return sorted(rows, key=lambda r: (not r.ok, r.score if r.score is not None else math.inf))
 
     def _progress(self, i: int, n: int, row: SweepRow) -> None:
         knobs = " ".join(f"{k}={v}" for k, v in row.knobs.items())
-        what = f"{row.score * 1e3:.4f} ms" if row.ok and row.score else f"[red]failed[/] {(row.error or '')[:80]}"
+        what = fmt_ms(row.score) if row.ok and row.score else f"[red]failed[/] {(row.error or '')[:80]}"
         self.console.print(f"  [dim]sweep {i}/{n}[/] {knobs}: {what}", highlight=False)
 
-    def _sample(self, ctx) -> list[SweepRow]:
+    def _sample(self, ctx: PolicyContext, space: dict) -> list[SweepRow]:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        task = ctx.gate.task
         study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=self.seed))
-        study.enqueue_trial(task.knob_settings(ctx.ws.task_path))  # start from where we are
+        study.enqueue_trial(space["current"])  # start from where we are
         rows: dict[tuple, SweepRow] = {}
-        self.console.print(f"[bold]tuner[/]: {task.knob_space_size()} settings; sampling {self.trials} with TPE")
+        self.console.print(f"[bold]tuner[/]: {space['space']} settings; sampling {self.trials} with TPE")
         for _ in range(self.trials):
             if ctx.stop_reason():
                 break
             trial = study.ask()
-            knobs = {name: trial.suggest_categorical(name, knob.values) for name, knob in task.manifest.knobs.items()}
+            knobs = {name: trial.suggest_categorical(name, values) for name, values in space["knobs"].items()}
             key = tuple(sorted(knobs.items()))
             if key not in rows:
                 rows[key] = self._sweep(ctx, [knobs])[0]
@@ -87,7 +110,7 @@ class TunerPolicy:
         return sorted(rows.values(), key=lambda r: (not r.ok, r.score if r.score is not None else math.inf))
 
     # -- the policy ----------------------------------------------------------------------------
-    def run(self, ctx) -> str:
+    def run(self, ctx: PolicyContext) -> str:
         rows = self.recorded_ranking(ctx)
         if rows is None:
             try:
@@ -99,7 +122,7 @@ class TunerPolicy:
             self.console.print(f"[bold]tuner[/]: the sweep is in the record ({len(rows)} settings); not repeated")
         if not rows:
             return "no knobs to tune"
-        current = ctx.gate.task.knob_settings(ctx.ws.task_path)
+        current = self._knobs(ctx)["current"]
         self.console.print(format_sweep(rows, baseline=current), highlight=False, markup=False)
         done = self.judged_settings(ctx)
         best_score = next((r.score for r in rows if r.knobs == current and r.ok), None)
@@ -119,8 +142,8 @@ class TunerPolicy:
             rationale = (f"The knob sweep ranked this setting {self._rel(best_score, row.score)} faster than the "
                          f"current best in quick timings ({row.device or 'this machine'}). Full setting: "
                          + " ".join(f"{k}={v}" for k, v in row.knobs.items()))
-            verdict = ctx.submit(title, rationale, knobs=row.knobs)  # the session reports the verdict
-            if verdict.accepted:
+            verdict = self._call(ctx, "submit", title=title[:200], rationale=rationale, knobs=row.knobs)
+            if verdict["accepted"]:
                 current, best_score, misses = dict(row.knobs), row.score, 0
             else:
                 misses += 1

@@ -1,0 +1,124 @@
+"""Every task under kernels/ must pass this suite: the manifest and the spec load and agree, inputs
+are deterministic per seed, the starter builds through the product's pipeline, ptxas and the SASS
+parse for CUDA tasks (no GPU needed), and the check passes where it can run (CPU tasks here; CUDA
+tasks on a GPU). What is specific to one task stays in its own test file."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.kernel_builds import build_variants, one_knob_at_a_time, spills  # noqa: E402
+from tests.fakes import KERNELS  # noqa: E402
+from tools.build import BuildResult  # noqa: E402
+from tools.spec import load_spec  # noqa: E402
+from tools.task import MANIFEST, Task, find_tasks, load_task  # noqa: E402
+
+TASK_DIRS = find_tasks(KERNELS)
+CPU = torch.device("cpu")
+
+
+def test_every_shipped_folder_is_a_task():
+    assert {p.name for p in TASK_DIRS} == {p.name for p in KERNELS.iterdir() if p.is_dir()}
+    assert len(TASK_DIRS) >= 4
+
+
+@pytest.fixture(scope="module", params=TASK_DIRS, ids=[p.name for p in TASK_DIRS])
+def task(request) -> Task:
+    return load_task(request.param)
+
+
+@pytest.fixture(scope="module")
+def starter(task, kernel_build_cache) -> BuildResult:
+    """The starter kernel at its default knobs, built as the gate builds it (skips without a compiler)."""
+    return build_variants(task, [task.knob_defaults()], kernel_build_cache)["defaults"]
+
+
+def smallest_check_shape(task: Task):
+    def size(s):
+        return math.prod(v for v in s.dims.values() if isinstance(v, int) and not isinstance(v, bool))
+
+    return min(task.check_shapes, key=size)
+
+
+def test_manifest_and_spec_agree(task):
+    m = task.manifest
+    assert task.name and m.sources and task.bench_shapes and task.check_shapes
+    editable = task.editable_files()
+    assert editable, "no editable file: the agent could change nothing"
+    assert set(editable) & set(m.sources), "no editable source: the agent could change no kernel"
+    for ro in (MANIFEST, m.spec):
+        assert not task.is_editable(ro), f"{ro} must never be editable"
+    for name, knob in m.knobs.items():
+        assert knob.default in knob.values, name
+    assert task.knob_space_size() >= 1
+    spec = load_spec(task.spec_path)
+    for s in m.shapes:  # every shape has positive work to measure against the roofline
+        assert (spec.flops(s.dims) or 0) > 0 or (spec.bytes_moved(s.dims) or 0) > 0, s.name
+    for s in task.bench_shapes:
+        assert s.weight > 0 and 0 <= task.allowance(s) < 1
+
+
+def test_inputs_are_deterministic_per_seed_and_not_trivial(task):
+    spec = load_spec(task.spec_path)
+    dims = smallest_check_shape(task).dims
+    a = spec.make_inputs(dims, torch.Generator().manual_seed(11), CPU)
+    b = spec.make_inputs(dims, torch.Generator().manual_seed(11), CPU)
+    c = spec.make_inputs(dims, torch.Generator().manual_seed(12), CPU)
+    floats = [k for k, t in a.items() if torch.is_tensor(t) and t.is_floating_point()]
+    assert floats, "no floating-point input"
+    assert all(torch.equal(a[k], b[k]) for k in a if torch.is_tensor(a[k]))
+    assert any(not torch.equal(a[k], c[k]) for k in floats), "the seed does not change the inputs"
+    assert any(a[k].abs().sum() > 0 for k in floats)
+    outputs = spec.make_outputs(dims, a)
+    assert outputs and all(t.is_contiguous() for t in outputs.values())
+
+
+def test_starter_builds_with_its_kernels_reported(task, starter):
+    assert starter.ok, starter.error_text()
+    assert Path(starter.lib).is_file() and starter.knobs == task.knob_defaults()
+    if task.target == "cuda":
+        assert starter.kernels, "ptxas -v reported no kernel"
+        for k in starter.kernels:
+            assert k.arch == task.manifest.arch and k.registers > 0, k
+
+
+def test_cuda_starter_sass_parses(task, starter):
+    if task.target != "cuda":
+        pytest.skip("CPU task: no SASS")
+    from tools.sass import SassError, sass_mix
+
+    try:
+        mix = sass_mix(Path(starter.lib))
+    except SassError as exc:
+        pytest.skip(str(exc))
+    assert set(mix) >= {k.mangled for k in starter.kernels}, (list(mix), [k.mangled for k in starter.kernels])
+    for summary in mix.values():
+        assert summary.total > 0 and summary.families and summary.arch in (None, task.manifest.arch)
+
+
+def test_starter_passes_its_check(task, starter):
+    if task.target == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (run on the device machine)")
+    from tools.evaluate import run_check
+
+    res = run_check(task, starter.lib, seed=1234, rounds=1)
+    assert res.ok and res.check is not None, res.error
+    assert res.check.passed, [f.model_dump() for f in res.check.failures()][:3]
+    assert {s.shape for s in res.check.shapes} >= {s.name for s in task.check_shapes}
+
+
+@pytest.mark.slow
+def test_every_knob_value_compiles_and_the_defaults_do_not_spill(task, kernel_build_cache):
+    builds = build_variants(task, one_knob_at_a_time(task), kernel_build_cache)
+    assert len(builds) == 1 + sum(len(k.values) - 1 for k in task.manifest.knobs.values())
+    for label, r in builds.items():
+        assert r.ok, f"build failed for {label}:\n{r.error_text()}"
+        if task.target == "cuda":
+            assert r.kernels and all(k.arch == task.manifest.arch for k in r.kernels), (label, r.kernels)
+    assert builds["defaults"].knobs == task.knob_defaults()
+    assert not spills(builds["defaults"]), f"spills at the default knobs: {spills(builds['defaults'])}"

@@ -1,0 +1,36 @@
+"""The house's one direction: tools/ (the ground floor) never imports agent/, and the agent tools reach
+a session only through tools.port.SessionPort (no `.gate`, `.ws`, `.record` on their context)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = sorted((ROOT / "tools").glob("*.py"))
+
+
+def imported(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_tools_never_import_agent():
+    assert TOOLS
+    bad = {p.name: sorted(m for m in imported(p) if m == "agent" or m.startswith("agent.")) for p in TOOLS}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_agent_tools_use_only_the_port():
+    for name in ("agent_tools.py", "files.py"):
+        tree = ast.parse((ROOT / "tools" / name).read_text())
+        reached = {n.attr for n in ast.walk(tree)
+                   if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "ctx"}
+        assert reached, name
+        assert not reached & {"gate", "ws", "record", "session", "best_commit", "baseline"}, (name, reached)
+        assert reached <= {"task", "trusted_dir", "files_root", "notes_path", "device", "submit", "revert", "ledger"}, (name, reached)
