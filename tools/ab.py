@@ -19,7 +19,7 @@ import torch
 
 from tools.task import Task
 from tools.bench import make_sets
-from tools.check import compare, poison, refill
+from tools.check import compare, describe_error, poison, refill
 from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
 from tools.stats import Estimate, combine, t_quantile_975, trimmed_estimate
@@ -42,6 +42,7 @@ class _Shape:
         self.k = 1
         self.next_set = 0
         self.called_b: set[int] = set()  # sets the candidate wrote since the last refresh
+        self.probes = {"a": [], "b": []}  # (wall, extra, idle_cpu) per cold integrity probe
 
     def estimate(self) -> Estimate:
         return trimmed_estimate(self.log_ratios)
@@ -101,6 +102,12 @@ def ab_in_process(task: Task, spec: Spec, lib_a: ctypes.CDLL, lib_b: ctypes.CDLL
                 calls += [b, a] if b_first else [a, b]
                 order.append(b_first)
             times = timer.run(calls)
+            for which in (["b", "a"] if rng.random() < 0.5 else ["a", "b"]):  # cold integrity probes, A and B alike
+                lib, outs_of = (lib_a, lambda i, st=st: st.sets[i][1]) if which == "a" else (lib_b, lambda i, st=st: st.outs_b[i])
+                i = st.next_set
+                st.probes[which].append(timer.probe(lambda: call(lib, st, i, outs_of(i))))
+                if which == "b":
+                    st.called_b.add(i)
             for p, b_first in enumerate(order):
                 t1, t2 = times[2 * p] / st.k, times[2 * p + 1] / st.k
                 ta, tb = (t2, t1) if b_first else (t1, t2)
@@ -136,8 +143,9 @@ def ab_in_process(task: Task, spec: Spec, lib_a: ctypes.CDLL, lib_b: ctypes.CDLL
             speedup_lo=math.exp(max(slo, -50)), speedup_hi=math.exp(min(shi, 50)),
             time_a=_median(st.ta), time_b=_median(st.tb),
         )
-        row.wall_a = _median([timer.wall(lambda: call(lib_a, st, 0, st.sets[0][1])) for _ in range(5)])
-        row.wall_b = _median([timer.wall(lambda: call(lib_b, st, 0, st.outs_b[0])) for _ in range(5)])
+        row.wall_a, row.extra_a, row.idle_cpu_a = (_median([p[j] for p in st.probes["a"]]) for j in range(3))
+        row.wall_b, row.extra_b, row.idle_cpu_b = (_median([p[j] for p in st.probes["b"]]) for j in range(3))
+        row.probes = min(len(st.probes["a"]), len(st.probes["b"]))
         row.timed_outputs_ok, row.timed_outputs_problem = recheck(task, spec, st)
         report.shapes.append(row)
     report.speedup = math.exp(total.mean)
@@ -174,7 +182,7 @@ def recheck(task: Task, spec: Spec, st: _Shape) -> tuple[bool, str | None]:
             tol = task.tolerance(name)
             err = compare(name, outs.get(name), want, tol.atol, tol.rtol, tol.norm_rtol)
             if not err.passed:
-                problems.append(f"set {i} output {name}: {err.problem or f'{err.mismatches} wrong, {err.nonfinite} NaN/Inf, max_abs {err.max_abs:.3g}'}")
+                problems.append(f"set {i} output {name}: {describe_error(err)}")
     if not written:
         return False, "no timed call wrote its outputs"
     return (not problems), ("; ".join(problems) if problems else None)

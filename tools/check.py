@@ -200,7 +200,7 @@ def format_check(report: CheckReport) -> str:
             if o.nonfinite:
                 why.append(f"{o.nonfinite} NaN/Inf (unwritten or invalid)")
             if o.mismatches:
-                why.append(f"{o.mismatches}/{o.numel} outside tolerance; worst at {o.worst_index}: got {o.worst_got:.6g} want {o.worst_want:.6g}")
+                why.append(f"{o.mismatches}/{o.numel} outside tolerance; worst at {o.worst_index}: got {_g(o.worst_got, '.6g')} want {_g(o.worst_want, '.6g')}")
             if not o.passed and not why:
                 why.append("norm error over tolerance")
             rows.append(
@@ -213,5 +213,18 @@ def format_check(report: CheckReport) -> str:
     return "\n".join(rows)
 
 
-def _g(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
+def _g(x: float | None, fmt: str = ".3g") -> str:
+    """A report number as text; None (NaN/Inf after a JSON round trip) prints as '-', never raises."""
+    if x is None:
+        return "-"
+    try:
+        return format(x, fmt)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def describe_error(err: OutputError) -> str:
+    """What is wrong with one output, for a reason text (robust to missing fields)."""
+    if err.problem:
+        return err.problem
+    return f"{err.mismatches} wrong, {err.nonfinite} NaN/Inf, max_abs {_g(err.max_abs)}"

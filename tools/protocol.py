@@ -119,8 +119,18 @@ class ShapeAB(BaseModel):
     speedup_hi: float
     time_a: float  # median seconds per call
     time_b: float
+    # integrity probes, taken cold (L2 flushed, same input-set rotation) for A and B alike, interleaved
+    # with the timed pairs: wall = host seconds per call until the device is idle; extra = seconds per
+    # call spent outside what was timed (CUDA: wall minus events; CPU: CPU time of the process beyond
+    # the wall time, i.e. other threads at work); idle_cpu = CPU seconds the process used while idle
+    # after its calls returned (work after return). None or NaN: not measured, and the gate fails closed.
     wall_a: float | None = None
     wall_b: float | None = None
+    extra_a: float | None = None
+    extra_b: float | None = None
+    idle_cpu_a: float | None = None
+    idle_cpu_b: float | None = None
+    probes: int = 0
     timed_outputs_ok: bool = True
     timed_outputs_problem: str | None = None
 

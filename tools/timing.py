@@ -16,7 +16,8 @@ from tools.stats import quantile
 
 CPU_CACHE_BYTES = 32 << 20  # no portable way to read the LLC size; a generous guess
 SET_MEMORY_CAP = {"cuda": 8 << 30, "cpu": 512 << 20}  # bytes all rotated input sets may take
-SHORT_CALL_S = 50e-6  # below this, several calls go in one timed sample
+SHORT_CALL_S = 50e-6
+IDLE_WINDOW_S = 2e-3  # after an integrity probe: how long to watch the idle process for CPU use  # below this, several calls go in one timed sample
 
 
 def tensors_bytes(d: dict) -> int:
@@ -72,6 +73,36 @@ class Timer:
         call()
         self.sync()
         return (time.perf_counter_ns() - t0) * 1e-9
+
+    def probe(self, call: Callable[[], None], idle_s: float = IDLE_WINDOW_S) -> tuple[float, float, float]:
+        """One cold call measured for escapes: (wall, extra, idle_cpu) in seconds.
+
+        Cold like the timed samples (flush first). wall: host time from the call until the device is
+        idle. extra: time outside what the timer measures — on CUDA wall minus the events, on the CPU
+        the process's CPU time beyond the wall time (other threads working during the call) — plus
+        idle_cpu: CPU time the process used in a short idle window after the call returned (work
+        after return, host threads). Honest kernels have extra <= ~0 on the CPU whatever their speed.
+        """
+        self.flush()
+        self.sync()
+        c0 = time.process_time_ns()
+        t0 = time.perf_counter_ns()
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            self.sync()
+        else:
+            call()
+        t1 = time.perf_counter_ns()
+        c1 = time.process_time_ns()
+        wall = (t1 - t0) * 1e-9
+        timed = start.elapsed_time(end) * 1e-3 if self.cuda else wall
+        cpu_beyond = max(0.0, (c1 - c0) * 1e-9 - wall) if not self.cuda else 0.0
+        time.sleep(idle_s)
+        idle_cpu = (time.process_time_ns() - c1) * 1e-9
+        return wall, (wall - timed) + cpu_beyond + idle_cpu, idle_cpu
 
     def sync(self) -> None:
         if self.cuda:

@@ -35,6 +35,8 @@ def serve(req: WorkerRequest) -> WorkerResult:
         return WorkerResult(ok=False, error="this task needs a CUDA GPU and none is visible here")
     if device.type == "cuda":
         torch.cuda.set_device(0)
+    else:  # no idle OpenMP threads spinning during the timed calls (they would read as the kernel's CPU time)
+        torch.set_num_threads(1)
     info = describe(device)
     spec = load_spec(task.spec_path)
     libs = [load_library(p, spec) for p in req.libs]
