@@ -59,6 +59,8 @@ class GateConfig(BaseModel):
     escape_rel: float = 0.25
     # a 95% interval whose half-width (in log) exceeds this decides nothing: "undecided (noisy machine)"
     noisy_halfwidth: float = 0.05
+    # the best's time now over its time when it was accepted, beyond which nothing is decided
+    best_slowdown_limit: float = 2.5
 
 
 class Verdict(BaseModel):
@@ -119,6 +121,7 @@ class Gate:
         self.task = load_task(self.trusted_dir)
         self.task_rel = task_rel.strip("/")
         self.config = config or GateConfig()
+        self._recorded_times: dict[str, dict[str, float]] = {}  # lib -> shape -> seconds when it was accepted
 
     # -- stages ----------------------------------------------------------------------------------
     def out_of_scope(self, cand: Candidate) -> list[str]:
@@ -215,7 +218,13 @@ class Gate:
         if not res.ok or res.ab is None:
             return Verdict(accepted=False, stage="timing", reason=f"timing did not complete: {res.error}",
                            min_gain=m.min_gain, **common)
-        return self.judge(res.ab, **common)
+        recorded = self._recorded_times.get(best.lib, {})
+        for s in res.ab.shapes:
+            s.baseline_a = recorded.get(s.shape)
+        verdict = self.judge(res.ab, **common)
+        if verdict.accepted:  # the new best's own times: later decisions check the best against them
+            self._recorded_times[built.lib] = {s.shape: s.time_b for s in res.ab.shapes}
+        return verdict
 
     def ab_request(self, best_lib: str, cand_lib: str, seed: int) -> WorkerRequest:
         shapes = self.task.bench_shapes
@@ -243,6 +252,10 @@ class Gate:
                            reason="outputs of timed calls are wrong: " + "; ".join(f"{s.shape}: {s.timed_outputs_problem}" for s in wrong))
         if not ab.shapes:
             return Verdict(accepted=False, stage="timing", **common, reason="timing measured no shape")
+        impossible = [s for s in ab.shapes if _finite(s.floor_s) and _finite(s.time_b) and s.time_b < s.floor_s]
+        if impossible:
+            return Verdict(accepted=False, stage="timing", **common, reason="faster than physics allows (cached, skipped or mis-timed work): " + "; ".join(
+                f"{s.shape}: {_us(s.time_b)} per call, below the roofline floor of {_us(s.floor_s)}" for s in impossible))
         unmeasured = [s for s in ab.shapes if not _integrity_measured(s)]
         if unmeasured:
             return Verdict(accepted=False, stage="timing", **common, reason=(
@@ -257,6 +270,12 @@ class Gate:
         if not all(_finite(x) for x in (ab.speedup, ab.speedup_lo, ab.speedup_hi,
                                         *(v for s in ab.shapes for v in (s.speedup, s.speedup_lo, s.speedup_hi)))):
             return Verdict(accepted=False, stage="undecided", **common, reason=f"{UNDECIDED}: the speedup is not finite")
+        sabotaged = [s for s in ab.shapes if _finite(s.baseline_a) and s.baseline_a > 0
+                     and s.time_a > self.config.best_slowdown_limit * s.baseline_a]
+        if sabotaged:
+            return Verdict(accepted=False, stage="undecided", **common, reason="undecided: best slower than its baseline ("
+                           "the machine is far noisier than when the best was measured, or something slows the best): " + "; ".join(
+                f"{s.shape}: best {_us(s.time_a)} now vs {_us(s.baseline_a)} when accepted" for s in sabotaged))
         allowed = {s.shape: 1 - self.task.allowance(self.task.shape(s.shape)) for s in ab.shapes}
         regressed = [s for s in ab.shapes if s.speedup_hi < allowed[s.shape]]
         if regressed:

@@ -1,6 +1,6 @@
 """Correctness: does the kernel compute the spec's function on fresh random inputs?
 
-Runs inside the evaluation worker. Every check shape is called `rounds` times: the first call on
+Runs in the judge (tools/worker.py); the library runs in its own runner process (tools/libhost.py). Every check shape is called `rounds` times: the first call on
 freshly drawn inputs, later calls on new values written into the *same* buffers (a kernel that
 caches results by pointer or returns the previous call's output fails there). Outputs are poisoned
 before every call, inputs are verified bit-identical afterwards, and the reference is computed only
@@ -9,7 +9,6 @@ after every candidate call has run, so no reference output exists in memory whil
 
 from __future__ import annotations
 
-import ctypes
 import time
 
 import torch
@@ -118,36 +117,47 @@ def _unravel(flat: int, shape: tuple[int, ...]):
     return reversed(out)
 
 
-def check_in_process(task: Task, spec: Spec, lib: ctypes.CDLL, shapes: list[str], seed: int, rounds: int,
-                     device: torch.device) -> CheckReport:
+def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, rounds: int,
+                     device: torch.device, arena=None) -> CheckReport:
+    """Check the library behind `lib` (a tools.remote.RemoteLib: it runs in its own runner process).
+
+    Inputs are drawn here from the secret seed, placed in shared memory the runner maps (read-only on
+    the CPU) and outputs the runner writes are read back here and compared here."""
+    from tools.runner import RunnerError
+
     started = time.monotonic()
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    share = arena.share_dict if arena is not None else (lambda d: d)
     # phase 1: every candidate call, keeping copies of what it was given and what it wrote
     runs = []  # (shape, round, dims, inputs copy, outputs copy, changed, error)
+    dead = None
     for name in shapes:
         dims = task.shape(name).dims
+        if dead is not None:
+            runs.append((name, 0, dims, None, None, [], f"not run: {dead}"))
+            continue
         inputs = outputs = None
+        key = None
         for rnd in range(rounds):
             try:
                 fresh = spec.make_inputs(dims, gen, device)
                 if inputs is None or not refill(inputs, fresh):  # later rounds: new values, same addresses
-                    inputs = fresh
-                    outputs = spec.make_outputs(dims, inputs)
+                    inputs = share(fresh)
+                    outputs = share(spec.make_outputs(dims, inputs))
+                    key = (name, rnd)
+                    lib.bind(key, dims, inputs, outputs)
                 del fresh
                 poison(outputs)
                 before = snapshot(inputs)
                 _sync(device)
-                spec.launch(lib, dims, inputs, outputs, stream)
-                _sync(device)
+                lib.call([key])
                 changed = changed_inputs(before, inputs)
                 runs.append((name, rnd, dims, before, snapshot(outputs), changed, None))
-            except Exception as exc:  # a failing launch costs this shape, the others still run
-                _sync_quietly(device)
-                runs.append((name, rnd, dims, None, None, [], f"{type(exc).__name__}: {exc}"))
-                if _cuda_context_broken(exc):
-                    raise
+            except RunnerError as exc:
+                runs.append((name, rnd, dims, None, None, [], _runner_failure(exc, device)))
+                if exc.kind != "call":  # crashed, hung or lied: this runner is gone
+                    dead = f"the runner stopped at shape {name} call {rnd}"
                 break
         del inputs, outputs
     # phase 2: references, computed only now
@@ -166,6 +176,13 @@ def check_in_process(task: Task, spec: Spec, lib: ctypes.CDLL, shapes: list[str]
         del ref
     return CheckReport(passed=all(r.passed for r in results) and bool(results), shapes=results,
                        seconds=round(time.monotonic() - started, 3))
+
+
+def _runner_failure(exc, device: torch.device) -> str:
+    text = str(exc)
+    if exc.kind == "crash" and device.type == "cpu" and ("SIGSEGV" in text or "SIGBUS" in text):
+        text += " (inputs are mapped read-only in the runner: a kernel that writes into its inputs faults)"
+    return text
 
 
 def _sync(device: torch.device) -> None:

@@ -131,6 +131,10 @@ class ShapeAB(BaseModel):
     idle_cpu_a: float | None = None
     idle_cpu_b: float | None = None
     probes: int = 0
+    floor_s: float | None = None  # physics floor: no honest call can take less (roofline at generous peaks)
+    passes: int = 0  # passes over the input sets (fresh values and poisoned outputs before each)
+    rechecked: int = 0  # candidate outputs of timed calls checked against the reference
+    baseline_a: float | None = None  # the best's time recorded when it was accepted (sabotage check)
     timed_outputs_ok: bool = True
     timed_outputs_problem: str | None = None
 

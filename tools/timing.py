@@ -33,13 +33,15 @@ class Timer:
         if self.cuda:
             props = torch.cuda.get_device_properties(device)
             self.cache_bytes = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
-            # writing twice the L2 evicts whatever the previous call left there
-            self._flush = torch.empty(max(256 << 20, 2 * self.cache_bytes), dtype=torch.uint8, device=device)
         else:
             self.cache_bytes = CPU_CACHE_BYTES
-            self._flush = torch.empty(2 * CPU_CACHE_BYTES, dtype=torch.uint8)
+        self._flush = None  # allocated on first use (a judge timing CUDA runners never flushes itself)
 
     def flush(self) -> None:
+        if self._flush is None:
+            # writing twice the cache evicts whatever the previous call left there
+            size = max(256 << 20, 2 * self.cache_bytes) if self.cuda else 2 * self.cache_bytes
+            self._flush = torch.empty(size, dtype=torch.uint8, device=self.device)
         self._flush.zero_()
 
     def run(self, calls: list[Callable[[], None]], flush: bool = True) -> list[float]:
@@ -115,10 +117,11 @@ class Timer:
         return int(max(1, min(want, 16, cap)))
 
 
-def calls_per_sample(single_call_s: float, cap: int = 64) -> int:
-    if single_call_s <= 0 or single_call_s >= SHORT_CALL_S:
+def calls_per_sample(single_call_s: float, cap: int = 64, short_s: float = SHORT_CALL_S) -> int:
+    """Calls per timed sample so one sample spans at least `short_s` (launch and pipe jitter stay small)."""
+    if not math.isfinite(single_call_s) or single_call_s <= 0 or single_call_s >= short_s:
         return 1
-    return int(min(cap, math.ceil(SHORT_CALL_S / single_call_s)))
+    return int(min(cap, math.ceil(short_s / single_call_s)))
 
 
 def summarize(times: list[float]) -> dict:
