@@ -41,12 +41,19 @@ class RemoteLib:
                             inputs={k: d(v) for k, v in inputs.items()}, outputs={k: d(v) for k, v in outputs.items()})
         self.bound.add(key)
 
+    def _settle(self) -> None:
+        """The judge's own writes (fresh values, poison) finished before a runner reads the buffers."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
     def call(self, keys: list) -> None:
         """Untimed calls, in order; returns once the runner's device is idle."""
+        self._settle()
         self.runner.request("run", self.call_timeout, calls=list(keys))
 
     def sample(self, keys: list) -> float:
         """Seconds for the calls `keys` (in order), cache cold before them."""
+        self._settle()
         if self.cuda:
             t0 = time.perf_counter()
             reply = self.runner.request("run", self.call_timeout, calls=list(keys), timed=True, flush=True)
@@ -66,6 +73,7 @@ class RemoteLib:
         device is idle minus its events; on both, the runner's CPU time beyond that wall (other threads
         working) — plus idle_cpu: the runner's CPU time in a short window after it answered (work after
         return, threads left running)."""
+        self._settle()
         if self.cuda:
             self.runner.request("flush", self.call_timeout)
         else:
