@@ -57,6 +57,7 @@ class GateConfig(BaseModel):
     # extra slowdown (s) the candidate may add outside the timed stream before it counts as escaping
     escape_abs_s: float = 30e-6
     escape_rel: float = 0.25
+    after_return_rel: float = 0.05
     # a 95% interval whose half-width (in log) exceeds this decides nothing: "undecided (noisy machine)"
     noisy_halfwidth: float = 0.05
     # the best's time now over its time when it was accepted, beyond which nothing is decided
@@ -192,22 +193,26 @@ class Gate:
         if not built.ok:
             return done(Verdict(accepted=False, stage="build", build=built,
                                 reason="build failed: " + built.error_text()[:1500]))
+        return done(self.judge_built(built, best))
+
+    def judge_built(self, built: BuildResult, best: BuildResult | None) -> Verdict:
+        """The runtime layers on a built library: check in a runner, then (against `best`) paired timing."""
         check_seed = secrets.randbits(62)
         req = WorkerRequest(kind="check", task_dir=str(self.trusted_dir), libs=[built.lib],
                             shapes=[s.name for s in self.task.check_shapes], seed=check_seed,
                             rounds=self.config.check_rounds)
         res = run_worker(req, timeout=self.task.manifest.timeout_s)
         if not res.ok or res.check is None:
-            return done(Verdict(accepted=False, stage="check", build=built, device=res.device, check_seed=check_seed,
-                                reason=f"check did not complete: {res.error}"))
+            return Verdict(accepted=False, stage="check", build=built, device=res.device, check_seed=check_seed,
+                           reason=f"check did not complete: {res.error}")
         if not res.check.passed:
             first = res.check.failures()[0]
-            return done(Verdict(accepted=False, stage="check", build=built, check=res.check, device=res.device,
-                                check_seed=check_seed, reason=f"wrong results: {_describe_failure(first)}"))
+            return Verdict(accepted=False, stage="check", build=built, check=res.check, device=res.device,
+                           check_seed=check_seed, reason=f"wrong results: {_describe_failure(first)}")
         if best is None:
-            return done(Verdict(accepted=True, stage="accepted", build=built, check=res.check, device=res.device,
-                                check_seed=check_seed, reason="baseline passes its check"))
-        return done(self.decide(built, best, res.check, check_seed))
+            return Verdict(accepted=True, stage="accepted", build=built, check=res.check, device=res.device,
+                           check_seed=check_seed, reason="baseline passes its check")
+        return self.decide(built, best, res.check, check_seed)
 
     def decide(self, built: BuildResult, best: BuildResult, check: CheckReport, check_seed: int) -> Verdict:
         """Paired timing in a fresh worker, then `judge`."""
@@ -264,7 +269,8 @@ class Gate:
         escaped = [s for s in ab.shapes if self._escaped(s)]
         if escaped:
             return Verdict(accepted=False, stage="timing", **common, reason="work outside the timed region (other streams, host threads or work after return): " + "; ".join(
-                f"{s.shape}: {_us(s.extra_b)} per call outside the timed region vs {_us(s.extra_a)} for the best "
+                f"{s.shape}: {_us(s.extra_b)} per call outside the timed region vs {_us(s.extra_a)} for the best, "
+                f"of which after return {_us(s.after_return_b)} vs {_us(s.after_return_a)} "
                 f"(timed {_us(s.time_b)} vs {_us(s.time_a)}; wall until idle {_us(s.wall_b)} vs {_us(s.wall_a)}; "
                 f"{s.probes} cold probes each)" for s in escaped))
         if not all(_finite(x) for x in (ab.speedup, ab.speedup_lo, ab.speedup_hi,
@@ -307,9 +313,15 @@ class Gate:
         return ab.stopped_because == "time cap" or halfwidth > self.config.noisy_halfwidth
 
     def _escaped(self, s) -> bool:
-        """Like with like: both sides measured by the same cold probes; only the difference counts."""
+        """Like with like: both sides measured by the same cold probes; only the difference counts.
+        Work after return, measured over every timed call, has a tighter bound: an honest runner
+        sits blocked on its pipe, loaded machine or not."""
         extra = s.extra_b - s.extra_a
-        return extra > max(self.config.escape_abs_s, self.config.escape_rel * s.time_a)
+        if extra > max(self.config.escape_abs_s, self.config.escape_rel * s.time_a):
+            return True
+        if _finite(s.after_return_a) and _finite(s.after_return_b):
+            return s.after_return_b - s.after_return_a > max(self.config.escape_abs_s, self.config.after_return_rel * s.time_a)
+        return False
 
 
 def _finite(x) -> bool:

@@ -118,11 +118,13 @@ def _unravel(flat: int, shape: tuple[int, ...]):
 
 
 def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, rounds: int,
-                     device: torch.device, arena=None) -> CheckReport:
+                     device: torch.device, arena=None, relaunch=None) -> CheckReport:
     """Check the library behind `lib` (a tools.remote.RemoteLib: it runs in its own runner process).
 
     Inputs are drawn here from the secret seed, placed in shared memory the runner maps (read-only on
-    the CPU) and outputs the runner writes are read back here and compared here."""
+    the CPU) and outputs the runner writes are read back here and compared here. `relaunch()` gives a
+    fresh runner with the same library: after a fault it tells a write into a read-only input apart
+    from any other crash (the call again, on writable copies of the inputs)."""
     from tools.runner import RunnerError
 
     started = time.monotonic()
@@ -137,7 +139,7 @@ def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, 
         if dead is not None:
             runs.append((name, 0, dims, None, None, [], f"not run: {dead}"))
             continue
-        inputs = outputs = None
+        inputs = outputs = before = None
         key = None
         for rnd in range(rounds):
             try:
@@ -155,7 +157,11 @@ def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, 
                 changed = changed_inputs(before, inputs)
                 runs.append((name, rnd, dims, before, snapshot(outputs), changed, None))
             except RunnerError as exc:
-                runs.append((name, rnd, dims, None, None, [], _runner_failure(exc, device)))
+                wrote = _wrote_inputs(exc, spec, dims, before, arena, relaunch, device)
+                if wrote:
+                    runs.append((name, rnd, dims, before, None, wrote, None))
+                else:
+                    runs.append((name, rnd, dims, None, None, [], _runner_failure(exc, device)))
                 if exc.kind != "call":  # crashed, hung or lied: this runner is gone
                     dead = f"the runner stopped at shape {name} call {rnd}"
                 break
@@ -165,6 +171,9 @@ def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, 
     for name, rnd, dims, inputs, outputs, changed, error in runs:
         if error is not None:
             results.append(ShapeCheck(shape=name, dims=dims, round=rnd, passed=False, error=error))
+            continue
+        if outputs is None:  # the call faulted writing into its read-only inputs
+            results.append(ShapeCheck(shape=name, dims=dims, round=rnd, passed=False, inputs_changed=changed))
             continue
         ref = spec.reference(dims, inputs)
         errs = []
@@ -176,6 +185,31 @@ def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, 
         del ref
     return CheckReport(passed=all(r.passed for r in results) and bool(results), shapes=results,
                        seconds=round(time.monotonic() - started, 3))
+
+
+def _wrote_inputs(exc, spec: Spec, dims: dict, before, arena, relaunch, device: torch.device) -> list[str]:
+    """After a CPU fault: the same call in a fresh runner on copy-on-write copies of the inputs; the
+    names of the inputs it wrote into (even if it restored them), read from the runner's memory map by
+    the kernel (/proc/<pid>/smaps: written pages became private). Empty: the crash was something else."""
+    if exc.kind != "crash" or device.type != "cpu" or relaunch is None or arena is None or before is None:
+        return []
+    if "SIGSEGV" not in str(exc) and "SIGBUS" not in str(exc):
+        return []
+    lib = None
+    try:
+        lib = relaunch()
+        copies = arena.share_dict({k: v.clone() for k, v in before.items()})
+        outputs = arena.share_dict(spec.make_outputs(dims, copies))
+        lib.bind("diagnose", dims, copies, outputs, writable_inputs=True)
+        lib.call(["diagnose"])
+        paths = {name: arena.describe(t)[1] for name, t in copies.items() if isinstance(t, torch.Tensor) and t.numel()}
+        written = lib.runner.written_files(set(paths.values()))
+        return sorted(name for name, path in paths.items() if path in written) or changed_inputs(before, copies)
+    except Exception:
+        return []
+    finally:
+        if lib is not None:
+            lib.runner.close()
 
 
 def _runner_failure(exc, device: torch.device) -> str:

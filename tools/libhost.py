@@ -74,8 +74,10 @@ class Host:
         self.spec.setup(self.lib)
         return {}
 
-    def bind(self, key, dims: dict, inputs: dict, outputs: dict) -> dict:
-        self.sets[key] = (dims, {k: self._tensor(v, False) for k, v in inputs.items()},
+    def bind(self, key, dims: dict, inputs: dict, outputs: dict, writable_inputs: bool = False) -> dict:
+        """Map the buffers. `writable_inputs` (fault diagnosis only): inputs copy-on-write, so a write
+        lands in pages private to this process, which the judge sees in /proc/<pid>/smaps."""
+        self.sets[key] = (dims, {k: self._tensor(v, "private" if writable_inputs else False) for k, v in inputs.items()},
                           {k: self._tensor(v, True) for k, v in outputs.items()})
         return {}
 
@@ -90,9 +92,9 @@ class Host:
         if nbytes == 0:
             return torch.empty(shape, dtype=_DTYPES[dtype])
         # inputs: opened read-only and mapped PROT_READ, so neither a write nor an mprotect can change them
-        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        fd = os.open(path, os.O_RDWR if writable is True else os.O_RDONLY)
         try:
-            mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED,
+            mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE if writable == "private" else mmap.MAP_SHARED,
                            prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
         finally:
             os.close(fd)

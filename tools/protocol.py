@@ -131,6 +131,10 @@ class ShapeAB(BaseModel):
     idle_cpu_a: float | None = None
     idle_cpu_b: float | None = None
     probes: int = 0
+    # CPU seconds per timed call each runner used after answering (over every timed call, not only the
+    # probes); an honest runner sits blocked on its pipe. Also included in extra_*.
+    after_return_a: float | None = None
+    after_return_b: float | None = None
     floor_s: float | None = None  # physics floor: no honest call can take less (roofline at generous peaks)
     passes: int = 0  # passes over the input sets (fresh values and poisoned outputs before each)
     rechecked: int = 0  # candidate outputs of timed calls checked against the reference

@@ -31,15 +31,35 @@ class RemoteLib:
         self.call_timeout = call_timeout
         self.min_sample_s = SHORT_CALL_S if self.cuda else CPU_MIN_SAMPLE_S
         self.bound: set = set()
+        # work after return: the runner's CPU time between an answer and its next request, which an
+        # honest runner (blocked reading its pipe) does not use. Charged to the last timed sample.
+        self.after_return_ns = 0
+        self._idle_from: int | None = None
+        self._pending: tuple[list, int, int] | None = None  # (sink, index, calls) of the last sample
 
     def load(self, spec_path: str, lib_path: str, timeout: float) -> None:
         self.runner.request("load", timeout, spec_path=str(spec_path), lib_path=str(lib_path), device=self.device.type)
 
-    def bind(self, key, dims: dict, inputs: dict, outputs: dict) -> None:
+    def bind(self, key, dims: dict, inputs: dict, outputs: dict, writable_inputs: bool = False) -> None:
+        """Buffers for calls under `key`. Inputs are read-only in the runner (CPU) unless
+        `writable_inputs` (only for the diagnosis of a fault, on copies)."""
         d = self.arena.describe
-        self.runner.request("bind", self.call_timeout, key=key, dims=dims,
+        self.runner.request("bind", self.call_timeout, key=key, dims=dims, writable_inputs=writable_inputs,
                             inputs={k: d(v) for k, v in inputs.items()}, outputs={k: d(v) for k, v in outputs.items()})
         self.bound.add(key)
+
+    def _gap(self) -> None:
+        """At the start of every request: CPU the runner used since its last answer."""
+        if self._idle_from is None:
+            return
+        leak = max(0, self.runner.cpu_ns() - self._idle_from)
+        self.after_return_ns += leak
+        if self._pending is not None:
+            sink, i, k = self._pending
+            sink[i] += leak * 1e-9 / k
+
+    def _answered(self) -> None:
+        self._idle_from = self.runner.cpu_ns()
 
     def _settle(self) -> None:
         """The judge's own writes (fresh values, poison) finished before a runner reads the buffers."""
@@ -49,24 +69,38 @@ class RemoteLib:
     def call(self, keys: list) -> None:
         """Untimed calls, in order; returns once the runner's device is idle."""
         self._settle()
+        self._gap()
         self.runner.request("run", self.call_timeout, calls=list(keys))
+        self._answered()
 
-    def sample(self, keys: list) -> float:
-        """Seconds for the calls `keys` (in order), cache cold before them."""
+    def sample(self, keys: list, sink: list | None = None) -> float:
+        """Seconds per call for the calls `keys` (in order), cache cold before them; appended to `sink`,
+        where CPU the runner uses after answering is added later (work after return costs its time)."""
+        t = self._sample(keys) / len(keys)
+        if sink is not None:
+            sink.append(t)
+            self._pending = (sink, len(sink) - 1, len(keys))
+        return t
+
+    def _sample(self, keys: list) -> float:
         self._settle()
+        self._gap()
         if self.cuda:
             t0 = time.perf_counter()
             reply = self.runner.request("run", self.call_timeout, calls=list(keys), timed=True, flush=True)
             wall = time.perf_counter() - t0
+            self._answered()
             t = _seconds(reply.get("times"), 0)
             # events can only under-report through a lying runner; never more than the judge's own clock
             return t if t <= wall else float("nan")
         self.timer.flush()
         c0 = self.runner.cpu_ns()
         self.runner.request("run", self.call_timeout, calls=list(keys))
-        return (self.runner.cpu_ns() - c0) * 1e-9
+        c1 = self.runner.cpu_ns()
+        self._idle_from = c1
+        return (c1 - c0) * 1e-9
 
-    def probe(self, key) -> tuple[float, float, float]:
+    def probe(self, key, idle_s: float = IDLE_WINDOW_S) -> tuple[float, float, float]:
         """(wall, extra, idle_cpu) of one cold call, measured from outside the runner.
 
         extra: seconds outside what the timer measures — on CUDA the judge's wall until the runner's
@@ -74,6 +108,8 @@ class RemoteLib:
         working) — plus idle_cpu: the runner's CPU time in a short window after it answered (work after
         return, threads left running)."""
         self._settle()
+        self._gap()
+        self._pending = None
         if self.cuda:
             self.runner.request("flush", self.call_timeout)
         else:
@@ -85,8 +121,9 @@ class RemoteLib:
         c1 = self.runner.cpu_ns()
         wall = t1 - t0
         timed = _seconds(reply.get("times"), 0) if self.cuda else wall
-        time.sleep(IDLE_WINDOW_S)
-        idle_cpu = (self.runner.cpu_ns() - c1) * 1e-9
+        time.sleep(idle_s if idle_s == idle_s else IDLE_WINDOW_S)
+        self._idle_from = self.runner.cpu_ns()
+        idle_cpu = (self._idle_from - c1) * 1e-9
         beyond = max(0.0, (c1 - c0) * 1e-9 - wall)
         return wall, (wall - timed) + beyond + idle_cpu, idle_cpu
 

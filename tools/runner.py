@@ -266,6 +266,21 @@ class Runner:
                 pass
         return total
 
+    def written_files(self, paths: set[str]) -> set[str]:
+        """Which of these privately mapped files the runner wrote into (pages turned anonymous)."""
+        written, current = set(), None
+        try:
+            with open(f"/proc/{self.proc.pid}/smaps") as f:
+                for line in f:
+                    head = line.split()
+                    if len(head) >= 6 and "-" in head[0] and not head[0].endswith(":"):
+                        current = head[5] if head[5] in paths else None
+                    elif current and head and head[0] == "Anonymous:" and int(head[1]) > 0:
+                        written.add(current)
+        except (OSError, ValueError, IndexError):
+            pass
+        return written
+
     def threads(self) -> int:
         try:
             return len(os.listdir(f"/proc/{self.proc.pid}/task"))

@@ -60,7 +60,14 @@ def serve(req: WorkerRequest) -> WorkerResult:
             if req.kind == "check":
                 from tools.check import check_in_process
 
-                report = check_in_process(task, spec, libs[0], req.shapes, req.seed, req.rounds, device, arena)
+                def relaunch():  # a fresh runner with the same library (fault diagnosis)
+                    r = start_runners([f"diagnose{len(runners)}"], Path(scratch))
+                    runners.update(r)
+                    lib = RemoteLib(next(iter(r.values())), arena, device, timer, call_timeout(task))
+                    lib.load(task.spec_path, req.libs[0], LOAD_TIMEOUT_S)
+                    return lib
+
+                report = check_in_process(task, spec, libs[0], req.shapes, req.seed, req.rounds, device, arena, relaunch)
                 return WorkerResult(ok=True, device=info, check=report)
             if req.kind == "bench":
                 from tools.bench import bench_in_process
