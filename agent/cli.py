@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agent.locations import shipped_tasks_dir
 from tools.task import Task, TaskError, find_tasks, load_task
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -22,8 +23,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 err_console = Console(stderr=True)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = PROJECT_ROOT / "kernels"
+SHIPPED = shipped_tasks_dir()  # kloop's tasks: the checkout's kernels/, or the installed package data
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -149,10 +149,11 @@ def eval_cmd(
 
 # ---- sessions -----------------------------------------------------------------------------------
 
-def _runs_root(runs_dir: Optional[Path]) -> Path:
-    from agent.session import default_runs_root
+def _runs_root(runs_dir: Optional[Path], task: Optional[Path] = None) -> Path:
+    """--runs-dir, else $KLOOP_RUNS, else <repo>/.kloop/runs (see agent/locations.py)."""
+    from agent.locations import default_runs_root
 
-    return Path(runs_dir) if runs_dir else default_runs_root()
+    return Path(runs_dir).expanduser().resolve() if runs_dir else default_runs_root(task)
 
 
 def resolve_run(run: str, runs_dir: Optional[Path]) -> Path:
@@ -177,7 +178,9 @@ def resolve_run(run: str, runs_dir: Optional[Path]) -> Path:
     raise AssertionError
 
 
-def make_policy(agent: str, model: Optional[str], seed: Optional[int]):
+def make_policy(agent: str, model: Optional[str], seed: Optional[int], claude: Optional[dict] = None):
+    """`claude`: the Claude policy's settings (max_tokens, effort, thinking, context_limit, retry_hours),
+    as `ClaudePolicy.settings()` records them in run.json (so `resume` continues with the same ones)."""
     if agent == "tuner":
         from agent.policies.tuner import TunerPolicy
 
@@ -188,8 +191,38 @@ def make_policy(agent: str, model: Optional[str], seed: Optional[int]):
         if not _has_api_key():
             fail("--agent claude needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the environment; "
                  "without one, use --agent tuner")
-        return ClaudePolicy(model=model) if model else ClaudePolicy()
+        known = ("max_tokens", "effort", "thinking", "context_limit", "keep_tool_results", "retry_hours",
+                 "max_retry_wait_s")
+        settings = {k: v for k, v in (claude or {}).items() if k in known and v is not None}
+        if isinstance(settings.get("thinking"), dict):  # as recorded: the request parameter
+            recorded = settings["thinking"]
+            settings["thinking"] = {"adaptive": "adaptive", "disabled": "off"}.get(recorded.get("type"),
+                                                                                    recorded.get("budget_tokens"))
+        try:
+            return ClaudePolicy(model=model, **settings) if model else ClaudePolicy(**settings)
+        except (KeyError, ValueError) as exc:
+            fail(str(exc).strip("'\""))
     fail(f"--agent {agent!r}: expected claude or tuner")
+
+
+def _thinking_option(thinking: Optional[str], budget: Optional[int]):
+    """--thinking adaptive|off and --thinking-budget N as ClaudePolicy's `thinking`."""
+    if budget is not None:
+        if thinking not in (None, "enabled"):
+            fail(f"--thinking-budget goes with extended thinking, not --thinking {thinking}")
+        return budget
+    if thinking not in (None, "adaptive", "off"):
+        fail(f"--thinking {thinking!r}: expected adaptive or off (or --thinking-budget N)")
+    return thinking
+
+
+def _api_gave_up(reason: str, run_id: str) -> None:
+    """The API gave up (retries spent, or an error that retrying cannot fix): exit 1, say what next."""
+    if reason.startswith("api_error"):
+        err_console.print(f"[bold red]the API gave up[/]: {reason}\nnext: [bold]kloop resume {run_id}[/] "
+                          "(the record keeps everything; spent cost and turns count against the budgets)",
+                          highlight=False)
+        raise typer.Exit(1)
 
 
 def _has_api_key() -> bool:
@@ -227,13 +260,20 @@ def _progress_line(event) -> None:
 def optimize(
     task: str = typer.Argument(..., help="Task folder (holding task.toml) or shipped task name."),
     agent: Optional[str] = typer.Option(None, help="claude or tuner (default: claude when ANTHROPIC_API_KEY is set, else tuner)."),
-    model: Optional[str] = typer.Option(None, help="Claude model id."),
+    model: Optional[str] = typer.Option(None, help="Claude model id (default: claude-opus-5-5)."),
+    effort: Optional[str] = typer.Option(None, help="Claude: effort (low, medium, high, xhigh, max; default: the model's)."),
+    max_tokens: int = typer.Option(32_000, help="Claude: most output tokens per turn (thinking included)."),
+    thinking: Optional[str] = typer.Option(None, help="Claude: adaptive (default where the model has it) or off."),
+    thinking_budget: Optional[int] = typer.Option(None, help="Claude: extended thinking with this budget in tokens."),
+    context_limit: Optional[int] = typer.Option(None, help="Claude: prompt tokens past which the API clears old tool results (default 60% of the window)."),
+    retry_hours: Optional[float] = typer.Option(None, help="Claude: hours to ride out API overload and rate limits before giving up (default 10 minutes)."),
+    retry_max_wait: Optional[float] = typer.Option(None, help="Claude: longest single wait between API retries, seconds (backoff is exponential with jitter; default 300)."),
     max_turns: Optional[int] = typer.Option(None, help="Claude: most model turns."),
     max_cost: Optional[float] = typer.Option(None, help="Claude: most USD spent on the API."),
     max_hours: Optional[float] = typer.Option(None, help="Wall-clock hours."),
     max_attempts: Optional[int] = typer.Option(None, help="Most submissions to the gate."),
     allow_dirty: bool = typer.Option(False, help="Snapshot uncommitted changes of the task folder into the base."),
-    runs_dir: Optional[Path] = typer.Option(None, help="Where run records go (default: $KLOOP_RUNS or ./runs of kloop)."),
+    runs_dir: Optional[Path] = typer.Option(None, help="Where run records go (default: $KLOOP_RUNS, else .kloop/runs of the task's repository)."),
     gate_seconds: float = typer.Option(4.0, help="Gate: timing seconds per decision."),
     seed: Optional[int] = typer.Option(None, help="Tuner: sampler seed."),
 ) -> None:
@@ -245,13 +285,17 @@ def optimize(
 
     t = resolve_task(task)
     agent = agent or _default_agent()
-    policy = make_policy(agent, model, seed)
+    claude = {"max_tokens": max_tokens, "effort": effort, "thinking": _thinking_option(thinking, thinking_budget),
+              "context_limit": context_limit, "retry_hours": retry_hours, "max_retry_wait_s": retry_max_wait}
+    policy = make_policy(agent, model, seed, claude)
     if agent == "claude" and max_turns is None and max_cost is None and max_hours is None and max_attempts is None:
         max_turns, max_cost = 100, 20.0  # never spend without a bound
     budget = Budget(max_turns=max_turns, max_cost_usd=max_cost, max_hours=max_hours, max_attempts=max_attempts)
     try:
-        session = Session.start(t.root, policy.name, budget, runs_root=_runs_root(runs_dir), allow_dirty=allow_dirty,
-                                config={"model": getattr(policy, "model", None)}, gate_config=GateConfig(max_seconds=gate_seconds))
+        session = Session.start(t.root, policy.name, budget, runs_root=_runs_root(runs_dir, t.root), allow_dirty=allow_dirty,
+                                config={"model": getattr(policy, "model", None),
+                                        **({"claude": policy.settings()} if agent == "claude" else {})},
+                                gate_config=GateConfig(max_seconds=gate_seconds))
     except (WorkspaceError, TaskError) as exc:
         fail(str(exc))
     if agent == "claude":
@@ -268,6 +312,7 @@ def optimize(
         fail(str(exc), code=1)
     _print_log(session.record.dir, as_json=False)
     err_console.print(f"session ended: {reason}. Review: kloop log {info.run_id}; kloop show {info.run_id}", highlight=False)
+    _api_gave_up(reason, info.run_id)
 
 
 @app.command()
@@ -275,11 +320,17 @@ def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'.")
            runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
            model: Optional[str] = typer.Option(None, help="Claude model id (claude runs).")) -> None:
     """Continue a session that was stopped or killed, from its record."""
+    from agent.runlock import RunLocked
     from agent.session import Session, SessionError
+    from agent.workspace import WorkspaceError
 
     run_dir = resolve_run(run, runs_dir)
-    session = Session.resume(run_dir)
-    policy = make_policy(session.record.info.policy, model or (session.record.info.config or {}).get("model"), None)
+    try:
+        session = Session.resume(run_dir)
+    except (RunLocked, WorkspaceError) as exc:
+        fail(str(exc))
+    config = session.record.info.config or {}
+    policy = make_policy(session.record.info.policy, model or config.get("model"), None, config.get("claude"))
     if policy.name == "claude":
         from tools.agent_tools import session_toolbox
 
@@ -290,6 +341,7 @@ def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'.")
     except SessionError as exc:
         fail(str(exc), code=1)
     err_console.print(f"session ended: {reason}", highlight=False)
+    _api_gave_up(reason, session.record.info.run_id)
 
 
 @app.command()
@@ -313,20 +365,18 @@ def runs(runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
 
 
 def _commit_rows(repo_root: Path, branch: str, base: Optional[str]) -> list[dict]:
-    import git
-
     from agent.trailers import parse_trailers
+    from agent.workspace import commit_log
 
-    repo = git.Repo(repo_root)
     rev = f"{base}..{branch}" if base else branch
     rows = []
-    for c in repo.iter_commits(rev, reverse=True):
+    for c in commit_log(repo_root, rev):
         trailers = parse_trailers(c.message)
         if not any(k == "Kloop-Attempt" for k, _ in trailers):
             continue
         t = dict(trailers)
         rows.append({
-            "commit": c.hexsha, "title": c.summary, "attempt": t.get("Kloop-Attempt"), "speedup": t.get("Kloop-Speedup"),
+            "commit": c.sha, "title": c.summary, "attempt": t.get("Kloop-Attempt"), "speedup": t.get("Kloop-Speedup"),
             "ci95": t.get("Kloop-Speedup-CI95"),
             "times": {k.removeprefix("Kloop-Time-"): v for k, v in trailers if k.startswith("Kloop-Time-")},
             "registers": {k.removeprefix("Kloop-Regs-"): v for k, v in trailers if k.startswith("Kloop-Regs-")},
@@ -431,6 +481,78 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
         console.print(f"recorded on: {report.recorded_machine}\nreplayed on: {report.replay_machine or 'n/a'}", highlight=False)
     if not report.ok:
         raise typer.Exit(1)
+
+
+# ---- see a session: report, serve, compare (agent/run_view.py, agent/report_html.py, agent/web.py) ----
+
+@app.command()
+def report(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."),
+           output: Optional[Path] = typer.Option(None, "-o", "--output", help="HTML file to write (default: kloop-<run>.html)."),
+           runs_dir: Optional[Path] = typer.Option(None, help="Runs folder.")) -> None:
+    """One self-contained HTML report of a run: plots, attempts with diffs, notes, transcript."""
+    from agent.records import RecordError
+    from agent.report_html import render_report
+    from agent.run_view import load_view
+
+    try:
+        view = load_view(resolve_run(run, runs_dir))
+    except RecordError as exc:
+        fail(str(exc))
+    out = output or Path(f"kloop-{view.run_id}.html")
+    out.write_text(render_report(view), encoding="utf-8")
+    console.print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; {len(view.attempts)} attempts); open it in a browser", highlight=False)
+
+
+@app.command()
+def serve(runs_dir: Optional[Path] = typer.Option(None, "--runs", "--runs-dir", help="Runs folder to serve."),
+          host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback requires a token."),
+          port: int = typer.Option(8765, help="Port."),
+          token: Optional[str] = typer.Option(None, envvar="KLOOP_SERVE_TOKEN", help="Token for non-loopback hosts (default: a fresh one).")) -> None:
+    """A read-only web app: the runs, each run's report live while its session runs, comparisons."""
+    from agent.web import serve as run_server
+
+    root = _runs_root(runs_dir)
+
+    def ready(h: str, p: int, tok: Optional[str]) -> None:
+        shown = f"[{h}]" if ":" in h else h
+        err_console.print(f"serving {root} at http://{shown}:{p}/" + (f"?token={tok}" if tok else "") + "  (Ctrl-C stops)", highlight=False)
+
+    run_server(root, host=host, port=port, token=token, on_ready=ready)
+
+
+@app.command()
+def compare(run_a: str = typer.Argument(..., help="Run id or folder."), run_b: str = typer.Argument(..., help="Run id or folder."),
+            output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write a self-contained HTML comparison."),
+            runs_dir: Optional[Path] = typer.Option(None, help="Runs folder.")) -> None:
+    """Two runs side by side: where each was measured, each attempt's verdict and speedup, best times."""
+    from agent.records import RecordError
+    from agent.report_html import compare_rows, render_compare
+    from agent.run_view import load_view
+
+    try:
+        views = [load_view(resolve_run(r, runs_dir)) for r in (run_a, run_b)]
+    except RecordError as exc:
+        fail(str(exc))
+    head = Table(title="runs", title_justify="left")
+    head.add_column("")
+    for v in views:
+        head.add_column(v.run_id)
+    for label, get in (("task", lambda v: v.task), ("device", lambda v: v.device + (f", driver {v.driver}" if v.driver else "")),
+                       ("compiler", lambda v: v.compiler or "-"), ("policy", lambda v: v.policy), ("state", lambda v: v.state),
+                       ("result", lambda v: f"x{v.best_speedup:.3f} ({len(v.accepted)}/{len(v.attempts)} accepted)")):
+        head.add_row(label, *[get(v) for v in views])
+    console.print(head)
+    table = Table(title="attempts (matched by identical patch)", title_justify="left")
+    table.add_column("title")
+    for v in views:
+        table.add_column(v.run_id[-24:])
+    for r in compare_rows(views):
+        table.add_row(r["title"], *[(f"#{a.number} {a.verdict}" + (f" x{a.speedup:.4f} [{a.lo:.4f}, {a.hi:.4f}]" if a.speedup else "")
+                                     + (f" ({a.stage})" if a.verdict != "accepted" and a.stage else "")) if a else "-" for a in r["cells"]])
+    console.print(table)
+    if output:
+        output.write_text(render_compare(views), encoding="utf-8")
+        console.print(f"wrote {output}", highlight=False)
 
 
 def main() -> None:  # pragma: no cover

@@ -81,6 +81,9 @@ class Verdict(BaseModel):
     device: DeviceInfo | None = None
     check_seed: int | None = None  # revealed after the decision, for the record
     timing_seed: int | None = None
+    # SASS instruction mix per kernel (mangled name -> families, memory widths, MUFU, total) of what was built
+    sass: dict[str, dict] = Field(default_factory=dict)
+    sass_error: str | None = None
 
     def figures(self) -> dict:
         """The numbers a run record keeps (everything but bulky reports)."""
@@ -172,6 +175,8 @@ class Gate:
         started = time.monotonic()
 
         def done(v: Verdict) -> Verdict:
+            if v.build is not None and v.build.ok and v.build.lib:  # the record keeps what the build became
+                v.sass, v.sass_error = sass_figures(self.task, v.build.lib)
             v.seconds = round(time.monotonic() - started, 2)
             return v
 
@@ -346,6 +351,15 @@ def _num(x, fmt: str = ".3g") -> str:
         return format(x, fmt)
     except (TypeError, ValueError):
         return str(x)
+
+
+def sass_figures(task, lib: str) -> tuple[dict[str, dict], str | None]:
+    """The SASS mix of a built library for the run record (CUDA only; reading the binary, never running it)."""
+    from tools.evaluate import sass_summary
+
+    mix, error = sass_summary(task, lib)
+    keep = ("kernel", "total", "families", "memory", "mufu")
+    return {name: {k: v for k, v in summary.items() if k in keep} for name, summary in mix.items()}, error
 
 
 def _describe_failure(s) -> str:

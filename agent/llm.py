@@ -25,7 +25,11 @@ The reason of an `LLMError` starts with its kind: `authentication: 401 authentic
 
 Prompt caching: explicit `cache_control` breakpoints on the last system block, the last tool, the
 task briefing (the first message) and the newest user message (so each turn reads the previous
-turn's prefix from the cache). That is the API's maximum of four.
+turn's prefix from the cache). That is the API's maximum of four. Each has a TTL, 5 minutes or 1
+hour (`prefix_ttl`, `newest_ttl`; the policy chooses, see `agent.policies.claude`).
+
+Context editing (`context_management`, a beta) goes through the beta endpoint with its header; what
+the server cleared comes back in `Turn.applied_edits`. The request content is never edited here.
 
 The API key is handed to the SDK and nowhere else: it is never an attribute of this module's
 objects, never in a repr; `LLMClient.scrub` removes it from all that the server sends (a server
@@ -46,16 +50,22 @@ from typing import Any, Callable, Iterable, Iterator
 import anthropic
 import httpx2
 
-# Claude Opus 5.5: "start with Claude Opus 5.5 for most workloads ... long-running agentic coding"
-# (platform.claude.com/docs/en/models, models overview).
+# Claude Opus 5.5: "For most workloads, start with Claude Opus 5.5" (platform.claude.com/docs/en/models/
+# fable-5-1/overview; models/opus-5-5/overview: "for long-running agentic coding").
 DEFAULT_MODEL = "claude-opus-5-5"
 
 EPHEMERAL = {"type": "ephemeral"}  # 5-minute cache, the default TTL
+EPHEMERAL_1H = {"type": "ephemeral", "ttl": "1h"}  # written at 2x input instead of 1.25x, lives an hour
+CONTEXT_MANAGEMENT_BETA = "context-management-2025-06-27"  # the beta header context editing needs
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"  # thinking between tool calls, budget mode
+EFFORTS = ("low", "medium", "high", "xhigh", "max")  # output_config.effort
 
 
 @dataclass(frozen=True)
 class Price:
-    """USD per million tokens, and the model's context window in tokens."""
+    """USD per million tokens, the model's context window and largest output, in tokens. `long`:
+    the prices of a request whose prompt (cache reads and writes included) passes `long_above`
+    tokens, for models priced in two bands (Claude Haiku 5.5)."""
 
     input: float
     output: float
@@ -63,28 +73,45 @@ class Price:
     cache_write_1h: float  # 1-hour cache writes (2x input)
     cache_read: float  # cache hits and refreshes
     context_window: int = 200_000
+    max_output: int = 64_000
+    thinking: str = "adaptive"  # "always": adaptive and cannot be disabled; "adaptive"; "extended" (budget_tokens)
+    long: Price | None = None
+    long_above: int = 0
+
+    def band(self, prompt_tokens: int) -> Price:
+        return self.long if self.long is not None and prompt_tokens > self.long_above else self
 
 
-# Source: Anthropic's pricing page (platform.claude.com/docs/en/about-claude/pricing, "Model
-# pricing") and each model's overview page (platform.claude.com/docs/<lang>/models/<model>/overview,
-# "Pricing": Opus 5.5, Sonnet 5.5, Opus 5, Sonnet 5), as stored in the docs corpus; checked for this
-# module's first version. Prices change: a model missing here is refused (see `price_for`) rather
+# Sources (docs corpus, checked 2026-12-01): the pricing page (platform.claude.com/docs/en/about-claude/
+# pricing, "Model pricing") and each model's overview page (platform.claude.com/docs/en/models/<model>/
+# overview, "Pricing" / "Capabilities": context window, max output, thinking): Fable 5.2 $8/$40, writes
+# $10/$16, reads $0.20; Opus 5.5 $4/$20, $5/$8, $0.20, thinking always on, default effort medium; Sonnet
+# 5.5 $2/$10 with cache reads at $0.10 since 2026-10-07; Haiku 5.5 $0.10/$0.50 up to a 100k-token prompt,
+# $0.50/$2.50 above (the Sonnet and Haiku 5.5 rows as pricing trackers read the live page in October
+# 2026; the corpus's overview snapshot still shows Sonnet 5.5 reads at $0.20). Mythos shares Fable's
+# prices (Fable 5 overview). Prices change: a model missing here is refused (see `price_for`) rather
 # than priced at zero, since the cost budget depends on it.
 _M = 1_000_000
+_HAIKU_5_5_LONG = Price(0.50, 2.50, 0.625, 1.00, 0.05, _M, 128_000)
 PRICES: dict[str, Price] = {
-    "claude-opus-5-5": Price(4.00, 20.00, 5.00, 8.00, 0.20, _M),
-    "claude-sonnet-5-5": Price(2.00, 10.00, 2.50, 4.00, 0.20, _M),
-    "claude-fable-5-1": Price(10.00, 50.00, 12.50, 20.00, 0.25, _M),
-    "claude-fable-5": Price(10.00, 50.00, 12.50, 20.00, 1.00, _M),
-    "claude-opus-5": Price(5.00, 25.00, 6.25, 10.00, 0.50, _M),
-    "claude-sonnet-5": Price(2.00, 10.00, 2.50, 4.00, 0.20, _M),
-    "claude-opus-4-8": Price(5.00, 25.00, 6.25, 10.00, 0.50, _M),
-    "claude-opus-4-7": Price(5.00, 25.00, 6.25, 10.00, 0.50, _M),
-    "claude-opus-4-6": Price(5.00, 25.00, 6.25, 10.00, 0.50, _M),
-    "claude-opus-4-5": Price(5.00, 25.00, 6.25, 10.00, 0.50),
+    "claude-fable-5-2": Price(8.00, 40.00, 10.00, 16.00, 0.20, _M, 128_000, "always"),
+    "claude-mythos-5-2": Price(8.00, 40.00, 10.00, 16.00, 0.20, _M, 128_000, "always"),
+    "claude-opus-5-5": Price(4.00, 20.00, 5.00, 8.00, 0.20, _M, 128_000, "always"),
+    "claude-sonnet-5-5": Price(2.00, 10.00, 2.50, 4.00, 0.10, _M, 128_000),
+    "claude-haiku-5-5": Price(0.10, 0.50, 0.125, 0.20, 0.01, _M, 128_000, long=_HAIKU_5_5_LONG, long_above=100_000),
+    "claude-fable-5-1": Price(10.00, 50.00, 12.50, 20.00, 0.25, _M, 128_000, "always"),
+    "claude-mythos-5-1": Price(10.00, 50.00, 12.50, 20.00, 0.25, _M, 128_000, "always"),
+    "claude-fable-5": Price(10.00, 50.00, 12.50, 20.00, 1.00, _M, 128_000, "always"),
+    "claude-mythos-5": Price(10.00, 50.00, 12.50, 20.00, 1.00, _M, 128_000, "always"),
+    "claude-opus-5": Price(5.00, 25.00, 6.25, 10.00, 0.50, _M, 128_000),
+    "claude-sonnet-5": Price(2.00, 10.00, 2.50, 4.00, 0.20, _M, 128_000),
+    "claude-opus-4-8": Price(5.00, 25.00, 6.25, 10.00, 0.50, _M, 128_000),
+    "claude-opus-4-7": Price(5.00, 25.00, 6.25, 10.00, 0.50, _M, 128_000),
+    "claude-opus-4-6": Price(5.00, 25.00, 6.25, 10.00, 0.50, _M, 128_000),
+    "claude-opus-4-5": Price(5.00, 25.00, 6.25, 10.00, 0.50, thinking="extended"),
     "claude-sonnet-4-6": Price(3.00, 15.00, 3.75, 6.00, 0.30, _M),
-    "claude-sonnet-4-5": Price(3.00, 15.00, 3.75, 6.00, 0.30),
-    "claude-haiku-4-5": Price(1.00, 5.00, 1.25, 2.00, 0.10),
+    "claude-sonnet-4-5": Price(3.00, 15.00, 3.75, 6.00, 0.30, thinking="extended"),
+    "claude-haiku-4-5": Price(1.00, 5.00, 1.25, 2.00, 0.10, thinking="extended"),
 }
 
 
@@ -144,8 +171,28 @@ def read_usage(u: Any) -> tuple[Usage, list[str]]:
     return usage, problems
 
 
+CHARS_PER_TOKEN = 3.0  # fewer than the tokenizer's usual ~3.5-4 for code and English: estimates run high
+
+
+def estimate_tokens(value: Any) -> int:
+    """A high estimate of the tokens of request content (its JSON), for budgets: never the bill."""
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return int(len(text) / CHARS_PER_TOKEN) + 1
+
+
+def worst_case_cost(model: str, input_tokens: int, max_tokens: int, ttl: str = "1h", hour_tokens: int = 0) -> float:
+    """The most one request can cost: every input token written to the cache (the dearest input
+    rate it can meet), the first `hour_tokens` of them with the 1-hour TTL and the rest with `ttl`,
+    and `max_tokens` of output."""
+    p = price_for(model).band(input_tokens)
+    rate = max(p.input, p.cache_write, p.cache_write_1h if ttl == "1h" else 0.0)
+    hour = min(hour_tokens, input_tokens)
+    hour_rate = max(p.input, p.cache_write, p.cache_write_1h)
+    return (hour * hour_rate + (input_tokens - hour) * rate + max_tokens * p.output) / 1_000_000
+
+
 def cost_usd(model: str, usage: Usage) -> float:
-    p = price_for(model)
+    p = price_for(model).band(usage.total_input)
     return (
         usage.input_tokens * p.input
         + usage.output_tokens * p.output
@@ -167,6 +214,7 @@ class Turn:
     retries: int = 0  # attempts that failed before this one
     notes: list[str] = field(default_factory=list)  # what was odd about the response (worth a log line)
     rejected: dict[str, str] = field(default_factory=dict)  # tool_use id -> why that call must not run
+    applied_edits: list[dict[str, Any]] = field(default_factory=list)  # what context editing cleared server-side
 
     @property
     def tool_uses(self) -> list[dict[str, Any]]:
@@ -196,6 +244,7 @@ def _malformed(detail: str) -> _Failed:
 
 
 # what an HTTP status, or the type of an `event: error` inside a 200 stream, is called in a reason
+THINKING_TYPES = ("thinking", "redacted_thinking")
 _STATUS_KINDS = {400: "invalid_request", 401: "authentication", 403: "authentication", 404: "not_found",
                  413: "request_too_large", 429: "rate_limit", 529: "overloaded"}
 _ERROR_KINDS = {"invalid_request_error": "invalid_request", "authentication_error": "authentication",
@@ -222,7 +271,7 @@ class LLMClient:
         model: str = DEFAULT_MODEL,
         api_key: str | None = None,
         base_url: str | None = None,
-        max_retries: int = 8,
+        max_retries: int | None = 8,
         *,
         timeout: float = 600.0,
         max_stream_s: float = 1800.0,
@@ -234,7 +283,9 @@ class LLMClient:
     ) -> None:
         """`timeout`: seconds without progress (connecting, a byte, a whole stream event) before an
         attempt fails; `max_stream_s`: seconds one response body may take in all (a server that
-        drips); `max_total_wait`: seconds of waiting between attempts, in all, before giving up."""
+        drips); `max_total_wait`: seconds of waiting between attempts, in all, before giving up (hours,
+        for a long unattended run riding out an overload); `max_delay`: the longest single wait of our
+        own backoff; `max_retries` None: as many attempts as `max_total_wait` allows."""
         self.model = model
         self.max_retries = max_retries
         self.timeout = timeout
@@ -269,15 +320,20 @@ class LLMClient:
         max_tokens: int,
         *,
         cache: bool = True,
+        prefix_ttl: str = "5m",
+        newest_ttl: str = "5m",
         on_retry: RetryHook | None = None,
         **extra: Any,
     ) -> Turn:
         """Stream one assistant turn and return it whole. Whatever the server does, raises nothing
-        but `LLMError`, once trying again cannot help or the retries are spent."""
+        but `LLMError`, once trying again cannot help or the retries are spent. `extra` holds more
+        request parameters (thinking, output_config, context_management: the latter goes through
+        the beta endpoint with its header). `prefix_ttl`/`newest_ttl`: the cache TTL ("5m" or "1h")
+        of the breakpoints on the fixed prefix (tools, system, briefing) and on the newest message."""
         system_blocks = [{"type": "text", "text": system}] if isinstance(system, str) else list(system)
         system_blocks = [b for b in system_blocks if b.get("text")]
         if cache:
-            system_blocks, tools, messages = with_cache_breakpoints(system_blocks, tools, messages)
+            system_blocks, tools, messages = with_cache_breakpoints(system_blocks, tools, messages, prefix_ttl, newest_ttl)
         params: dict[str, Any] = dict(model=self.model, max_tokens=max_tokens, messages=messages, **extra)
         if system_blocks:
             params["system"] = system_blocks
@@ -296,7 +352,7 @@ class LLMClient:
                 reason = self._shown(str(failed))
                 if not failed.retry:
                     raise LLMError(reason) from None
-                if attempt >= self.max_retries:
+                if self.max_retries is not None and attempt >= self.max_retries:
                     raise LLMError(f"{reason} (gave up after {attempt + 1} attempts)") from None
                 # exponential backoff with jitter, [0.5, 1) x base x 2^attempt, unless the server said
                 delay = failed.after
@@ -315,7 +371,15 @@ class LLMClient:
 
     def _attempt(self, params: dict[str, Any], attempt: int) -> Turn:
         """One request: the response read (an event stream, or a JSON message) and checked."""
-        with self._client.messages.with_streaming_response.create(**params, stream=True) as response:
+        betas = [CONTEXT_MANAGEMENT_BETA] if params.get("context_management") else []
+        if betas and _dict(params.get("thinking")).get("type") == "enabled":
+            betas.append(INTERLEAVED_THINKING_BETA)  # thinking between tool calls (adaptive has it built in)
+        if betas:  # beta parameters: the beta endpoint, with their headers
+            create = self._client.beta.messages.with_streaming_response.create
+            params = {**params, "betas": betas}
+        else:
+            create = self._client.messages.with_streaming_response.create
+        with create(**params, stream=True) as response:
             body = self._body(response.http_response)
             if "text/event-stream" in response.headers.get("content-type", ""):
                 message = _read_stream(_sse_events(body, self.timeout))
@@ -337,9 +401,19 @@ class LLMClient:
     def _turn(self, message: dict[str, Any], retries: int) -> Turn:
         """The one check of every response: blocks we send back must be valid requests, calls we
         run must be well formed, the usage must be countable. What is fixed is said in `notes`."""
-        message = self.scrub(message)
+        scrubbed = self.scrub(message)
         content: list[dict[str, Any]] = []
         notes: list[str] = []
+        blocks = scrubbed.get("content") if isinstance(scrubbed, dict) else None
+        if scrubbed != message and isinstance(blocks, list):
+            # the key was in the turn and is cut out: a thinking block's signature no longer holds
+            # for what follows it, so the turn's thinking goes (the docs' remedy for removed secrets)
+            kept = [b for b in blocks if not (isinstance(b, dict) and b.get("type") in THINKING_TYPES)]
+            if len(kept) < len(blocks):
+                notes.append(f"dropped {len(blocks) - len(kept)} thinking blocks: the turn held the API key, "
+                             "which was removed, so their signatures no longer hold")
+                scrubbed = {**scrubbed, "content": kept}
+        message = scrubbed
         rejected: dict[str, str] = {}
         seen: set[str] = set()
         blocks = message.get("content")
@@ -366,7 +440,7 @@ class LLMClient:
                     rejected[uid] = (f"error: the input of {_short(name, 80)} must be a JSON object, not "
                                      f"{_short(repr(b.get('input')), 80)}; the call was not run")
                     b = {**b, "input": {}}
-            elif kind not in ("thinking", "redacted_thinking") and not kind.endswith(("_tool_use", "_tool_result")):
+            elif kind not in THINKING_TYPES and not kind.endswith(("_tool_use", "_tool_result")):
                 # not one the API wants back (thinking, server and MCP tool calls and their results)
                 notes.append(f"ignored a content block of unknown type {_short(repr(kind), 80)}")
                 continue
@@ -378,8 +452,11 @@ class LLMClient:
             notes.append(f"unknown stop_reason {_short(repr(stop), 80)}")
         usage, problems = read_usage(message.get("usage"))
         model, mid = message.get("model"), message.get("id")
+        edits = _dict(message.get("context_management")).get("applied_edits")
+        edits = [e for e in edits if isinstance(e, dict)] if isinstance(edits, list) else []
         return Turn(
             content=content, stop_reason=stop, usage=usage, retries=retries, notes=notes + problems, rejected=rejected,
+            applied_edits=edits,
             model=model if isinstance(model, str) and model else self.model, id=mid if isinstance(mid, str) else "",
         )
 
@@ -519,6 +596,8 @@ def _read_stream(events: Iterable[tuple[str | None, str]]) -> dict[str, Any]:
                 message.update({k: delta[k] for k in ("stop_reason", "stop_sequence") if k in delta})
                 # counts here are totals so far: they replace those of message_start, never add up
                 usage.update({k: v for k, v in _dict(event.get("usage")).items() if v is not None})
+                if event.get("context_management") is not None:  # what context editing cleared
+                    message["context_management"] = event["context_management"]
         except (LookupError, TypeError, AttributeError, ValueError) as exc:
             raise _malformed(f"an unreadable {name} event ({type(exc).__name__}: {exc}): {data}") from None
     else:
@@ -571,26 +650,36 @@ def _retry_after(headers: Any) -> float | None:
 
 
 def with_cache_breakpoints(
-    system: list[dict[str, Any]], tools: list[dict[str, Any]], messages: list[dict[str, Any]]
+    system: list[dict[str, Any]], tools: list[dict[str, Any]], messages: list[dict[str, Any]],
+    prefix_ttl: str = "5m", newest_ttl: str = "5m",
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Copies of the request parts with cache_control on the last system block, the last tool, the
-    first message (the task briefing) and the newest user message. The inputs are not modified."""
+    first message (the task briefing) and the newest user message. The inputs are not modified.
 
-    def mark_last(blocks: list[Any]) -> list[Any]:
+    Only `cache_control` is added: the content itself stays byte for byte what was sent before (a
+    thinking block's signature binds everything before it). The API wants a longer TTL never after
+    a shorter one (tools, system, then messages), so the newest breakpoint is never longer-lived
+    than the prefix's."""
+    if newest_ttl == "1h":
+        prefix_ttl = "1h"
+    prefix_mark = EPHEMERAL_1H if prefix_ttl == "1h" else EPHEMERAL
+    newest_mark = EPHEMERAL_1H if newest_ttl == "1h" else EPHEMERAL
+
+    def mark_last(blocks: list[Any], mark: dict[str, str]) -> list[Any]:
         if not blocks or not isinstance(blocks[-1], dict):
             return list(blocks)
-        return [*blocks[:-1], {**blocks[-1], "cache_control": EPHEMERAL}]
+        return [*blocks[:-1], {**blocks[-1], "cache_control": mark}]
 
-    def mark_message(message: dict[str, Any]) -> dict[str, Any]:
+    def mark_message(message: dict[str, Any], mark: dict[str, str]) -> dict[str, Any]:
         content = message["content"]
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
-        return {**message, "content": mark_last(content)}
+        return {**message, "content": mark_last(content, mark)}
 
     messages = list(messages)
     if messages:
-        messages[0] = mark_message(messages[0])
+        messages[0] = mark_message(messages[0], prefix_mark)
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
     if last_user > 0:
-        messages[last_user] = mark_message(messages[last_user])
-    return mark_last(system), mark_last(tools), messages
+        messages[last_user] = mark_message(messages[last_user], newest_mark)
+    return mark_last(system, prefix_mark), mark_last(tools, prefix_mark), messages

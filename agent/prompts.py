@@ -17,7 +17,9 @@ import string
 from pathlib import Path
 from typing import Any
 
-PROMPTS_DIR = Path(__file__).resolve().parents[1] / "prompts"
+from agent.locations import prompts_dir
+
+PROMPTS_DIR = prompts_dir()  # the checkout's prompts/, or the installed package data
 _NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
 _LEADING_COMMENT = re.compile(r"\A\s*<!--.*?-->\s*", re.S)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from pydantic import BaseModel
 from agent import records as rec
 from agent.gate import Candidate, Gate, GateConfig
 from agent.session import attempts_from_events
+from agent.workspace import apply_patch_to_folder, export_commit
 from tools.build import build
 
 _DIFF_PATH = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
@@ -67,20 +67,11 @@ def changed_paths(patch: str) -> list[str]:
 
 def _export(repo: Path, commit: str, subdir: str, dest: Path) -> Path:
     """The files of `subdir` at `commit`, written under dest/subdir (paths as in the repository)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    spec = [subdir] if subdir not in ("", ".") else []
-    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit, *spec],
-                             capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return dest / subdir if subdir not in ("", ".") else dest
+    return export_commit(repo, commit, dest, subdir, keep_paths=True)
 
 
 def _apply(state_root: Path, patch: str) -> str | None:
-    if not patch.strip():
-        return None
-    proc = subprocess.run(["git", "apply", "--binary", "--whitespace=nowarn", "-"], cwd=state_root,
-                          input=patch.encode("utf-8", "surrogateescape"), capture_output=True)
-    return proc.stderr.decode(errors="replace").strip() or "git apply failed" if proc.returncode else None
+    return apply_patch_to_folder(state_root, patch)
 
 
 def replay(run_dir: Path, repo: Path | None = None, gate_config: GateConfig | None = None, on_row=None) -> ReplayReport:

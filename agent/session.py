@@ -8,7 +8,6 @@ whatever a kill left half-done, without losing an accepted commit or landing an 
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import sys
@@ -22,16 +21,11 @@ from agent.gate import Candidate, Gate, GateConfig, Verdict
 from agent.policies.base import Budget
 from tools.task import KNOBS_FILE, Task, load_task
 from agent.trailers import format_commit_message, parse_trailers, trailer_key
+from agent.locations import default_runs_root, is_shipped_task, prepare_runs_root, task_repo_for
+from agent.runlock import RunLock
 from agent.workspace import Workspace
 from tools.base import ToolBox
 from tools.build import BuildResult
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
-
-def default_runs_root() -> Path:
-    env = os.environ.get("KLOOP_RUNS")
-    return Path(env).expanduser() if env else PROJECT_ROOT / "runs"
 
 
 class SessionError(Exception):
@@ -95,13 +89,16 @@ class Session:
         self.started = time.monotonic()
         self.interrupted: str | None = None
         self.on_event = None  # called with each event after it is recorded (live progress display)
+        self.lock: RunLock | None = None  # one process per run: held from start/resume to the end of run()
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
     def start(cls, task_path: Path, policy: str, budget: Budget, runs_root: Path | None = None,
               allow_dirty: bool = False, config: dict | None = None, gate_config: GateConfig | None = None) -> "Session":
         task = load_task(task_path)
-        runs_root = Path(runs_root or default_runs_root()).resolve()
+        runs_root = prepare_runs_root(runs_root or default_runs_root(task.root))
+        if is_shipped_task(task.root):  # kloop's own files are never the session's repository
+            task = load_task(task_repo_for(task.root, runs_root))
         run_id = rec.new_run_id(task.name)
         run_dir = runs_root / run_id
         ws = Workspace.create(task.root, run_id, worktrees_root=runs_root / "_worktrees", allow_dirty=allow_dirty)
@@ -113,24 +110,44 @@ class Session:
             versions=_versions(None),
         )
         record = rec.RunRecord.create(runs_root, info)
-        trusted = run_dir / "trusted"
-        ws.export_tree(ws.base_commit, trusted, subdir=None if ws.task_rel == "." else ws.task_rel)
-        session = cls(record, ws, Gate(trusted, ws.task_rel, gate_config), budget, gate_config)
-        session.log("session_started")
+        lock, _ = RunLock.take(record.dir)
+        try:
+            trusted = run_dir / "trusted"
+            ws.export_tree(ws.base_commit, trusted, subdir=None if ws.task_rel == "." else ws.task_rel)
+            session = cls(record, ws, Gate(trusted, ws.task_rel, gate_config), budget, gate_config)
+            session.lock = lock
+            session.log("session_started")
+        except BaseException:
+            lock.release()
+            raise
         return session
 
     @classmethod
     def resume(cls, run_dir: Path, budget: Budget | None = None) -> "Session":
         record = rec.RunRecord.open(run_dir)
-        info = record.info
-        ws = Workspace.open(info.repo_root, info.run_id, Path(info.worktree).parent, info.task_rel, info.base_commit)
-        cfg = info.config or {}
-        gate_config = GateConfig(**cfg.get("gate", {}))
-        budget = budget or Budget(**cfg.get("budget", {}))
-        session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), budget, gate_config)
-        session.repair()
-        session.log("session_started", resumed=True)
+        lock, note = RunLock.take(record.dir)  # RunLocked, naming the holder, if a live process has it
+        try:
+            info = record.info
+            ws = Workspace.open(info.repo_root, info.run_id, Path(info.worktree).parent, info.task_rel, info.base_commit)
+            cfg = info.config or {}
+            gate_config = GateConfig(**cfg.get("gate", {}))
+            budget = budget or Budget(**cfg.get("budget", {}))
+            session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), budget, gate_config)
+            session.lock = lock
+            if note:
+                session.log("note", text=note, data={"lock": "taken over"})
+            session.repair()
+            session.log("session_started", resumed=True)
+        except BaseException:
+            lock.release()
+            raise
         return session
+
+    def close(self) -> None:
+        """Release the run's lock (run() does at its end); the session must not be used after."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     # ---- record --------------------------------------------------------------------------------
     def log(self, kind: str, **data: Any) -> None:
@@ -152,7 +169,7 @@ class Session:
         attempts = self.attempts()
         accepted = {a.number: a for a in attempts if a.accepted}
         # 1. commits on the branch must each carry an accepted attempt; anything else is cut off
-        commits = _commits_since(self.ws)
+        commits = self.ws.commits_since_base()
         keep = self.ws.base_commit
         for sha, message in commits:
             number = dict(parse_trailers(message)).get("Kloop-Attempt")
@@ -164,7 +181,7 @@ class Session:
                 self.log("committed", attempt=a.number, commit=sha)
                 a.commit = sha
         if keep != self.ws.head():
-            _move_branch(self.ws, keep)
+            self.ws.reset_branch(keep)
         self.best_commit = keep
         # 2. an accepted verdict whose commit never happened: land it now (the gate already decided)
         for a in attempts:
@@ -190,7 +207,8 @@ class Session:
             raise SessionError(f"the starting point does not pass its own gate: {verdict.reason}")
         self.best_build = verdict.build
         figures = {"build": verdict.build.model_dump(mode="json", include={"kernels", "compiler", "knobs", "key"}),
-                   "device": verdict.device.model_dump(mode="json") if verdict.device else None}
+                   "device": verdict.device.model_dump(mode="json") if verdict.device else None,
+                   "sass": verdict.sass}
         try:
             from tools.evaluate import run_bench
 
@@ -304,7 +322,10 @@ class Session:
                 self.ws.restore(self.best_commit)
                 self.ws.remove()  # the branch holds the result; `resume` recreates the worktree
             finally:
-                self.log("session_ended", reason=self.interrupted or reason)
+                try:
+                    self.log("session_ended", reason=self.interrupted or reason)
+                finally:
+                    self.close()
         return self.interrupted or reason
 
     # ---- evidence ------------------------------------------------------------------------------
@@ -354,19 +375,3 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.4f}ms"
-
-
-def _commits_since(ws: Workspace) -> list[tuple[str, str]]:
-    """(sha, message) of the branch's commits after the base, oldest first."""
-    import git
-
-    repo = git.Repo(ws.path)
-    commits = list(repo.iter_commits(f"{ws.base_commit}..{ws.branch}", reverse=True))
-    return [(c.hexsha, c.message) for c in commits]
-
-
-def _move_branch(ws: Workspace, sha: str) -> None:
-    import git
-
-    repo = git.Repo(ws.path)
-    repo.git.reset("--hard", sha)

@@ -11,6 +11,11 @@ Rules this module keeps (the user must never be surprised):
   pre-commit hook must not decide whether an accepted change lands, nor rewrite it.
 * Everything the session does to files happens in the worktree, a separate folder given by the
   caller (`worktrees_root/<run-id>`).
+* Git runs only where it is told: every command names its repository (`git -C <absolute dir>`,
+  started from `/`, no GIT_DIR/GIT_WORK_TREE from the environment, no search above the named
+  folder), and every command that changes files, the index or the branch first checks that the
+  worktree exists, is a worktree of the user's repository and is on `kloop/<run-id>`
+  (`Workspace.verify`); otherwise WorkspaceError, and nothing is done. All of kloop's git is here.
 
 Text that comes out of git (diffs) is decoded as UTF-8 with `surrogateescape`, so a patch of a
 file in another encoding survives the round trip `diff()` -> `apply_patch()` byte for byte;
@@ -21,12 +26,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
-
-import git
 
 BRANCH_PREFIX = "kloop/"
 ENCODING = "utf-8"
@@ -73,43 +77,49 @@ class Change:
 # --------------------------------------------------------------------------------------------
 
 
+GIT = shutil.which("git") or "git"
+
+# variables that would point git at another repository, index or work tree than the one named
+_LOCATION_ENV = (
+    "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR", "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_PREFIX", "GIT_CEILING_DIRECTORIES",
+    "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+)
+
+
 def _git(
-    cwd: Path,
+    repo: Path,
     *args: str,
     env: dict[str, str] | None = None,
     stdin: bytes | None = None,
     raw: bool = False,
+    discover: bool = False,
 ) -> str | bytes:
-    """Run `git <args>` in `cwd`; stdout as text (stripped) or raw bytes; WorkspaceError on failure."""
-    exe = git.Git.GIT_PYTHON_GIT_EXECUTABLE or "git"
-    cmd = [exe, "--no-optional-locks", "-c", "core.hooksPath=/dev/null", *args]
-    runner = git.Git(str(cwd))
-    istream = None
+    """Run `git -C <repo> <args>`; stdout as text (stripped) or raw bytes; WorkspaceError on failure.
+
+    The repository is always named (`-C`, an absolute path) and git runs from `/`, so a missing
+    folder is an error, never "the current directory". Unless `discover`, git may not look for a
+    repository above `repo` either (GIT_CEILING_DIRECTORIES): a worktree folder that lost its
+    `.git` can never resolve to the user's repository around it. Variables that relocate the
+    repository (GIT_DIR, GIT_WORK_TREE, ...) are dropped from the environment; `env` adds to it.
+    """
+    repo = Path(repo).expanduser().absolute()
+    full_env = {k: v for k, v in os.environ.items() if k not in _LOCATION_ENV}
+    if not discover:
+        full_env["GIT_CEILING_DIRECTORIES"] = str(repo.parent)
+    full_env.update(env or {})
+    cmd = [GIT, "-C", str(repo), "--no-optional-locks", "-c", "core.hooksPath=/dev/null", *args]
     try:
-        if stdin is not None:
-            istream = tempfile.TemporaryFile()
-            istream.write(stdin)
-            istream.seek(0)
-        out = runner.execute(
-            cmd,
-            istream=istream,
-            env=env,
-            stdout_as_string=False,
-            strip_newline_in_stdout=False,
-        )
-    except git.GitCommandError as exc:
-        stderr = (exc.stderr or "").strip()
-        # GitPython wraps stderr as "\n  stderr: '...'"; keep git's own words
-        if stderr.startswith("stderr:"):
-            stderr = stderr[len("stderr:"):].strip().strip("'")
-        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {cwd}: {stderr or exc}", stderr) from None
-    finally:
-        if istream is not None:
-            istream.close()
-    assert isinstance(out, bytes)
+        proc = subprocess.run(cmd, input=stdin, capture_output=True, cwd="/", env=full_env,
+                              stdin=None if stdin is not None else subprocess.DEVNULL)
+    except OSError as exc:
+        raise WorkspaceError(f"git could not be run ({GIT}): {exc}") from None
+    if proc.returncode != 0:
+        stderr = proc.stderr.decode(ENCODING, "replace").strip()
+        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {repo}: {stderr or f'exit {proc.returncode}'}", stderr)
     if raw:
-        return out
-    return out.decode(ENCODING, ERRORS).strip()
+        return proc.stdout
+    return proc.stdout.decode(ENCODING, ERRORS).strip()
 
 
 def _identity_env(cwd: Path) -> dict[str, str]:
@@ -125,16 +135,30 @@ def _identity_env(cwd: Path) -> dict[str, str]:
 
 
 def _find_repo(path: Path) -> Path:
+    """The top of the git repository holding `path` (which must exist)."""
+    path = Path(path).expanduser().resolve()
     try:
-        repo = git.Repo(path, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        bare = _git(path, "rev-parse", "--is-bare-repository", discover=True)
+    except WorkspaceError:
         raise WorkspaceError(
             f"{path} is not inside a git repository; kloop keeps every accepted change as a commit, "
             f"so the task folder must be in one (e.g. `git init` and commit the task first)"
         ) from None
-    if repo.bare or repo.working_tree_dir is None:
-        raise WorkspaceError(f"{path}: the repository {repo.git_dir} is bare (no working tree)")
-    return Path(repo.working_tree_dir).resolve()
+    try:
+        top = str(_git(path, "rev-parse", "--path-format=absolute", "--show-toplevel", discover=True))
+    except WorkspaceError:
+        top = ""
+    if bare == "true" or not top:
+        raise WorkspaceError(f"{path}: the repository holding it is bare or has no working tree here")
+    return Path(top).resolve()
+
+
+def find_repo(path: Path) -> Path | None:
+    """The top of the git repository holding `path`, or None when there is none."""
+    try:
+        return _find_repo(path)
+    except WorkspaceError:
+        return None
 
 
 def _rev(cwd: Path, rev: str) -> str:
@@ -195,6 +219,7 @@ class Workspace:
         self.path = path
         self.task_rel = task_rel
         self.run_id = run_id
+        self._common_dir: Path | None = None  # the repository's .git, learnt on first use
 
     @property
     def task_path(self) -> Path:
@@ -299,6 +324,47 @@ class Workspace:
             _git(self.repo_root, "worktree", "remove", "--force", "--force", str(self.path))
         _git(self.repo_root, "worktree", "prune")
 
+    # -- the guard before every change -----------------------------------------------------------
+    def verify(self, action: str) -> None:
+        """Refuse `action` (WorkspaceError, nothing done) unless `path` is this run's worktree:
+        an existing folder that is the top of a git worktree of the user's repository, checked out
+        on `kloop/<run-id>`. Every command that changes files, the index or the branch calls it
+        first, so a deleted or replaced worktree can never turn a restore into a `git clean` of
+        somebody else's checkout."""
+        where = f"refusing to {action}: the session worktree {self.path}"
+        if self.branch != BRANCH_PREFIX + self.run_id:
+            raise WorkspaceError(f"{where} is set up on {self.branch!r}, not on {BRANCH_PREFIX + self.run_id!r}")
+        if not self.path.is_dir():
+            raise WorkspaceError(
+                f"{where} does not exist (deleted while the session ran?); nothing was changed. "
+                f"The accepted work is on branch {self.branch}; `kloop resume` recreates the worktree."
+            )
+        try:
+            out = str(_git(self.path, "rev-parse", "--path-format=absolute", "--show-toplevel", "--git-common-dir",
+                           "--symbolic-full-name", "HEAD"))
+        except WorkspaceError as exc:
+            raise WorkspaceError(f"{where} is not a git worktree ({exc.stderr or exc}); nothing was changed") from None
+        lines = out.splitlines()
+        top, common, head = (lines + ["", "", ""])[:3]
+        if not top or Path(top).resolve() != self.path.resolve():
+            raise WorkspaceError(f"{where} is not the top of a worktree (git says {top!r}); nothing was changed")
+        if Path(common).resolve() != self.common_dir():
+            raise WorkspaceError(
+                f"{where} belongs to the repository {common}, not to {self.repo_root}; nothing was changed"
+            )
+        if head != f"refs/heads/{self.branch}":
+            raise WorkspaceError(
+                f"{where} is on {'a detached HEAD' if head in ('', 'HEAD') else repr(head)}, not on {'refs/heads/' + self.branch!r}; "
+                "nothing was changed (did something check out another branch there?)"
+            )
+
+    def common_dir(self) -> Path:
+        """The user's repository's git folder (shared by all its worktrees)."""
+        if self._common_dir is None:
+            self._common_dir = Path(str(_git(self.repo_root, "rev-parse", "--path-format=absolute",
+                                             "--git-common-dir"))).resolve()
+        return self._common_dir
+
     # -- reading -------------------------------------------------------------------------------
     def head(self) -> str:
         return _rev(self.path, "HEAD")
@@ -355,6 +421,7 @@ class Workspace:
     def restore(self, commit: str | None = None) -> None:
         """Make the working tree and index exactly `commit` (default HEAD): local changes undone,
         untracked and ignored files removed. The branch does not move."""
+        self.verify("restore")
         target = _rev(self.path, commit or "HEAD")
         # untracked files first: read-tree refuses to overwrite an untracked file in its way
         _git(self.path, "clean", "-ffdxq")
@@ -370,6 +437,7 @@ class Workspace:
         """Apply a patch made by `diff()` to the working tree (not the index); all or nothing."""
         if not patch.strip():
             return
+        self.verify("apply a patch")
         data = patch.encode(ENCODING, ERRORS)
         if not data.endswith(b"\n"):
             data += b"\n"
@@ -385,6 +453,7 @@ class Workspace:
 
         The message is kept verbatim (no comment stripping: a rationale may quote `#include`).
         """
+        self.verify("commit")
         path_list = None if paths is None else list(paths)
         lit = "--literal-pathspecs"
         spec = ["--", "."] if path_list is None else ["--", *path_list]
@@ -405,30 +474,28 @@ class Workspace:
         _git(self.path, lit, *args, env=_identity_env(self.path), stdin=message.encode(ENCODING, ERRORS))
         return self.head()
 
+    def reset_branch(self, commit: str) -> None:
+        """Move the session branch to `commit` (an earlier commit of it: resume cuts off commits
+        that carry no accepted verdict), working tree and index with it."""
+        self.verify("move the branch")
+        target = _rev(self.path, commit)
+        try:
+            _git(self.path, "merge-base", "--is-ancestor", target, "HEAD")
+        except WorkspaceError:
+            raise WorkspaceError(f"refusing to move {self.branch} to {target[:12]}: not a commit of the branch") from None
+        _git(self.path, "reset", "--hard", "--quiet", target)
+
+    def commits_since_base(self) -> list[tuple[str, str]]:
+        """(sha, full message) of the branch's commits after the base, oldest first."""
+        return [(c.sha, c.message) for c in commit_log(self.repo_root, f"{self.base_commit}..refs/heads/{self.branch}")]
+
     def export_tree(self, commit: str, dest: Path, subdir: str | None = None) -> Path:
         """Write the files of `commit` (only `subdir`, as the root, when given) into `dest`.
 
         `dest` must not exist or be empty. Used to build from the trusted base: nothing of the
         working tree is read. Returns `dest`.
         """
-        dest = Path(dest).expanduser().resolve()
-        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-            raise WorkspaceError(f"{dest}: export destination must be a new or empty folder")
-        sha = _rev(self.path, commit)
-        sub = (subdir or "").strip("/")
-        treeish = f"{sha}:{sub}" if sub and sub != "." else f"{sha}^{{tree}}"
-        try:
-            tree = str(_git(self.path, "rev-parse", "--verify", "--quiet", treeish))
-            if _git(self.path, "cat-file", "-t", tree) != "tree":
-                raise WorkspaceError("not a tree")
-        except WorkspaceError:
-            raise WorkspaceError(f"commit {sha[:12]} has no folder {sub!r}") from None
-        dest.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="kloop-index-") as tmp:
-            env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
-            _git(self.path, "read-tree", tree, env=env)
-            _git(self.path, "checkout-index", "--all", "--force", f"--prefix={dest}/", env=env)
-        return dest
+        return export_commit(self.repo_root, commit, dest, subdir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -501,3 +568,116 @@ def _worktree_of_branch(repo_root: Path, branch: str) -> Path | None:
         elif line == f"branch refs/heads/{branch}":
             return current
     return None
+
+
+
+# --------------------------------------------------------------------------------------------
+# reading a repository without a session (the CLI's log, replay)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CommitMessage:
+    sha: str
+    message: str  # the full message, as committed
+
+    @property
+    def summary(self) -> str:
+        return self.message.split("\n", 1)[0]
+
+
+def commit_log(repo_root: Path, rev_range: str) -> list[CommitMessage]:
+    """The commits of `rev_range` (e.g. `base..kloop/<id>`) in `repo_root`, oldest first."""
+    repo = _find_repo(repo_root)
+    if rev_range.startswith("-"):
+        raise WorkspaceError(f"{rev_range!r} is not a revision range")
+    out = _git(repo, "log", "-z", "--reverse", "--format=%H%n%B", rev_range, "--", raw=True)
+    assert isinstance(out, bytes)
+    commits = []
+    for item in out.split(b"\0"):
+        if not item.strip():
+            continue
+        sha, _, message = item.decode(ENCODING, ERRORS).lstrip("\n").partition("\n")
+        commits.append(CommitMessage(sha=sha, message=message))
+    return commits
+
+
+def export_commit(repo_root: Path, commit: str, dest: Path, subdir: str | None = None, keep_paths: bool = False) -> Path:
+    """Write the files of `commit` (only `subdir` when given) into `dest`; nothing of any working
+    tree is read. With `keep_paths`, files land at their repository paths (dest/subdir/...) and
+    the folder of the subdir is returned; otherwise `subdir` becomes the root of `dest`.
+
+    `dest` must not exist or be empty.
+    """
+    dest = Path(dest).expanduser().resolve()
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise WorkspaceError(f"{dest}: export destination must be a new or empty folder")
+    sha = _rev(repo_root, commit)
+    sub = (subdir or "").strip("/")
+    sub = "" if sub == "." else sub
+    treeish = f"{sha}:{sub}" if sub else f"{sha}^{{tree}}"
+    try:
+        tree = str(_git(repo_root, "rev-parse", "--verify", "--quiet", treeish))
+        if _git(repo_root, "cat-file", "-t", tree) != "tree":
+            raise WorkspaceError("not a tree")
+    except WorkspaceError:
+        raise WorkspaceError(f"commit {sha[:12]} has no folder {sub!r}") from None
+    dest.mkdir(parents=True, exist_ok=True)
+    prefix = [f"--prefix={sub}/"] if keep_paths and sub else []
+    with tempfile.TemporaryDirectory(prefix="kloop-index-") as tmp:
+        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        _git(repo_root, "read-tree", *prefix, tree, env=env)
+        _git(repo_root, "checkout-index", "--all", "--force", f"--prefix={dest}/", env=env)
+    return dest / sub if keep_paths and sub else dest
+
+
+def apply_patch_to_folder(folder: Path, patch: str) -> str | None:
+    """Apply a patch made by `Workspace.diff()` to a plain folder (no repository: replay's scratch
+    copies); all or nothing. Returns git's complaint when it does not apply, else None."""
+    if not patch.strip():
+        return None
+    data = patch.encode(ENCODING, ERRORS)
+    if not data.endswith(b"\n"):
+        data += b"\n"
+    try:
+        # the ceiling keeps git from taking a repository around `folder` as the patch's root
+        _git(folder, "apply", "--binary", "--whitespace=nowarn", "-", stdin=data)
+    except WorkspaceError as exc:
+        return exc.stderr or str(exc)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# kloop's own bookkeeping in a repository: the ignore rule for .kloop/, shipped tasks' repositories
+# --------------------------------------------------------------------------------------------
+
+
+def ensure_excluded(repo_root: Path, pattern: str) -> None:
+    """Add `pattern` to the repository's `.git/info/exclude` (local, never committed; the user's
+    .gitignore is not touched) unless it is there already."""
+    exclude = Path(str(_git(repo_root, "rev-parse", "--path-format=absolute", "--git-path", "info/exclude")))
+    text = exclude.read_text(encoding="utf-8") if exclude.is_file() else ""
+    if pattern in text.splitlines():
+        return
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    prefix = "" if not text or text.endswith("\n") else "\n"
+    with exclude.open("a", encoding="utf-8") as f:
+        f.write(f"{prefix}# kloop's run records and session worktrees\n{pattern}\n")
+
+
+def init_repo(path: Path) -> None:
+    """A new repository at `path` (an existing folder) on branch main."""
+    _git(path, "init", "--quiet", "--initial-branch=main")
+
+
+def is_clean(repo_root: Path) -> bool:
+    """No uncommitted or untracked (not ignored) files in the repository."""
+    return not _git(repo_root, "status", "--porcelain=v1", "--untracked-files=all")
+
+
+def commit_all(repo_root: Path, message: str) -> str:
+    """Commit every file of the repository's working tree (kloop's own task repositories only)."""
+    _git(repo_root, "add", "--all", "--", ".")
+    _git(repo_root, "commit", "--quiet", "--no-verify", "--allow-empty", "--cleanup=verbatim", "--file=-",
+         env=_identity_env(repo_root), stdin=message.encode(ENCODING, ERRORS))
+    return _rev(repo_root, "HEAD")

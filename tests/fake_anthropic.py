@@ -28,9 +28,30 @@ of the JSON of its input (a reply cut off at max_tokens in the middle of a tool 
 
 Every request is recorded (`server.requests`: path, lower-cased headers, parsed body). The server
 also checks what the real API would reject (tool_use ids answered by the next user message, ids
-repeated, inputs that are not objects, empty text blocks, more than four cache breakpoints, empty
-messages) and answers 400 like the API would. An exhausted script answers 400 as well, so a
-runaway loop ends instead of hanging.
+repeated, inputs that are not objects, empty text blocks, more than four cache breakpoints, a 1-hour
+cache breakpoint after a 5-minute one, empty messages, an unknown effort, a thinking budget not
+below max_tokens, thinking turned off on a model where it is always on) and answers 400 like the API
+would. An exhausted script answers 400 as well, so a runaway loop ends instead of hanging.
+
+The rules of thinking blocks (platform.claude.com/docs/en/build-with-claude/preserved-thinking/
+prefix-checks) are enforced, content-addressed, across all requests the server saw:
+- a thinking (or redacted_thinking) block sent back must be one the server issued, byte for byte
+  (text and signature), else 400 "Invalid `signature` in `thinking` block";
+- everything before it (system, tools, earlier messages, earlier blocks of its message; cache_control
+  aside) must be what it was in the request that produced it, else 400 "The block is bound to a
+  different conversation" (the API's message);
+- the last assistant message, when it holds tool_use blocks of a reply that had thinking, must start
+  with a thinking block, else 400 (the API's "Expected `thinking` or `redacted_thinking`"), unless
+  that reply echoed the request headers (the client had to cut the key out, and with it the thinking).
+Only `Reply` items issue thinking blocks; one sent in a raw `SSE` or `Raw` item and sent back is
+refused as forged. `FakeAnthropic(validate=False)` turns every rule off.
+
+Context editing (`context_management`, with the `context-management-2025-06-27` beta header, else
+400): `clear_tool_uses_20250919` is applied to what the "model" sees when the prompt passes its
+trigger (input tokens: `FakeAnthropic.count_tokens`, by default len(JSON)/4): the oldest tool
+results but the `keep` newest become "[cleared]" (and their inputs {} with `clear_tool_inputs`),
+if at least `clear_at_least` tokens go. What it did is in the response's `context_management`
+(message_delta for a stream) and in `Recorded.seen` (the messages as edited) and `.applied`.
 
 Use it as a context manager (`with FakeAnthropic(script) as api: api.base_url`) or through the
 `fake_api` fixture (import it into the test module).
@@ -101,6 +122,7 @@ class Reply:
     stall_after: int | None = None  # SSE events sent before the server goes silent
     start_usage: dict[str, Any] | None = None  # message_start's usage (default: usage, 1 output token)
     delta_usage: dict[str, Any] | None = None  # message_delta's usage (default: the output tokens)
+    context_management: dict[str, Any] | None = None  # what context editing did (set by the server)
 
 
 @dataclass
@@ -147,6 +169,97 @@ class Recorded:
     headers: dict[str, str]
     body: dict[str, Any]
     at: float
+    seen: list[dict[str, Any]] | None = None  # the messages after context editing
+    applied: list[dict[str, Any]] = field(default_factory=list)  # the context edits applied
+    status: int | None = None  # what the server answered (None: no answer, a dropped connection)
+
+
+THINKING = ("thinking", "redacted_thinking")
+ALWAYS_THINKING = ("claude-opus-5-5", "claude-fable-5-1", "claude-fable-5-2", "claude-mythos-5-1", "claude-mythos-5-2")
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+CONTEXT_BETA = "context-management-2025-06-27"
+BOUND = ("messages.{i}.content.{j}: Invalid `signature` in `thinking` block. The block is bound to a different "
+         "conversation. Remove the block, or set `thinking.block_binding.prefix_mismatch_behavior` to \"drop_block\".")
+FORGED = "messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+UNTHOUGHT = ("messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{found}`. When "
+             "`thinking` is enabled, a final `assistant` message must start with a thinking block (preceeding the "
+             "lastmost set of `tool_use` and `tool_result` blocks). We recommend you include thinking blocks from "
+             "previous turns.")
+
+
+def _plain(value: Any) -> Any:
+    """`value` without cache_control (a marker, not content: the prefix check ignores it)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _canon(value: Any) -> str:
+    return json.dumps(_plain(value), sort_keys=True, separators=(",", ":"))
+
+
+def _blocks(message: dict[str, Any]) -> list[Any]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return content if isinstance(content, list) else []
+
+
+def _thinking_key(block: dict[str, Any]) -> str:
+    return _canon({k: block.get(k) for k in ("type", "thinking", "signature", "data")})
+
+
+def _prefix(body: dict[str, Any], messages: list[Any], blocks: list[Any]) -> str:
+    """What a thinking block is bound to: system, tools, the messages and blocks before it."""
+    return _canon([body.get("system"), body.get("tools"), messages, blocks])
+
+
+def _request_tokens(body: dict[str, Any]) -> int:
+    return len(_canon([body.get("system"), body.get("tools"), body.get("messages")])) // 4
+
+
+def _ttl_problems(body: dict[str, Any]) -> list[str]:
+    """TTLs: "5m" or "1h", and never a 1h breakpoint after a 5m one (tools, system, messages)."""
+    problems, seen_short = [], False
+    blocks = [*(body.get("tools") or []), *(body.get("system") or [] if isinstance(body.get("system"), list) else [])]
+    blocks += [b for m in body.get("messages", []) for b in _blocks(m)]
+    for b in blocks:
+        mark = b.get("cache_control") if isinstance(b, dict) else None
+        if not isinstance(mark, dict):
+            continue
+        ttl = mark.get("ttl", "5m")
+        if ttl not in ("5m", "1h"):
+            problems.append(f"cache_control.ttl: Input should be '5m' or '1h' (got {ttl!r})")
+        elif ttl == "1h" and seen_short:
+            problems.append("a cache_control block with ttl='1h' cannot come after a cache_control block with ttl='5m'")
+        seen_short = seen_short or ttl == "5m"
+    return problems
+
+
+def _settings_problems(body: dict[str, Any]) -> list[str]:
+    problems = []
+    effort = (body.get("output_config") or {}).get("effort")
+    if effort is not None and effort not in EFFORTS:
+        problems.append(f"output_config.effort: Input should be {', '.join(map(repr, EFFORTS))}")
+    thinking = body.get("thinking")
+    if thinking is not None:
+        kind = thinking.get("type")
+        if kind not in ("enabled", "adaptive", "disabled"):
+            problems.append(f"thinking.type: Input should be 'enabled', 'adaptive' or 'disabled' (got {kind!r})")
+        if kind == "enabled" and not (1024 <= (thinking.get("budget_tokens") or 0) < (body.get("max_tokens") or 0)):
+            problems.append("thinking.budget_tokens: must be >= 1024 and less than max_tokens")
+        if kind == "disabled" and body.get("model") in ALWAYS_THINKING:
+            problems.append(f"thinking: {body.get('model')} does not support disabling thinking")
+    return problems
+
+
+def thinking_on(body: dict[str, Any]) -> bool:
+    thinking = body.get("thinking")
+    if thinking is None:
+        return body.get("model") in ALWAYS_THINKING
+    return thinking.get("type") in ("enabled", "adaptive")
 
 
 # -- what the real API would refuse ------------------------------------------------------------
@@ -202,6 +315,11 @@ class FakeAnthropic:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.stopped = threading.Event()  # releases the handlers that hang
+        # thinking blocks issued: key (text + signature) -> the prefixes they were produced after
+        self.issued: dict[str, set[str]] = {}
+        self.thought: dict[str, bool] = {}  # tool_use id -> whether its reply had thinking blocks
+        self.echoed: set[str] = set()  # tool_use ids of replies that echoed the request headers
+        self.count_tokens = _request_tokens  # the prompt size context editing compares with its trigger
 
     # lifecycle
     def start(self) -> FakeAnthropic:
@@ -254,6 +372,110 @@ class FakeAnthropic:
             self.requests.append(rec)
             return self.script.popleft() if self.script else None
 
+    # -- the stateful rules: thinking blocks and context editing ---------------------------------
+
+    def binding_problems(self, body: dict[str, Any]) -> list[str]:
+        """Thinking blocks sent back must be ours, unchanged, after an unchanged prefix (see the
+        module docstring)."""
+        messages = body.get("messages") or []
+        problems = []
+        with self._lock:
+            for i, m in enumerate(messages):
+                if not isinstance(m, dict) or m.get("role") != "assistant":
+                    continue
+                blocks = _blocks(m)
+                for j, b in enumerate(blocks):
+                    if not (isinstance(b, dict) and b.get("type") in THINKING):
+                        continue
+                    prefixes = self.issued.get(_thinking_key(b))
+                    if prefixes is None:
+                        problems.append(FORGED.format(i=i, j=j))
+                    elif _prefix(body, messages[:i], blocks[:j]) not in prefixes:
+                        problems.append(BOUND.format(i=i, j=j))
+                    if problems:
+                        return problems[:1]
+            last = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
+                       default=None)
+            if last is not None and thinking_on(body):
+                blocks = _blocks(messages[last])
+                ids = [b.get("id") for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
+                had = any(self.thought.get(u) for u in ids) and not any(u in self.echoed for u in ids)
+                first = blocks[0].get("type") if blocks and isinstance(blocks[0], dict) else None
+                if had and first not in THINKING:
+                    problems.append(UNTHOUGHT.format(i=last, found=first))
+        return problems
+
+    def issue(self, body: dict[str, Any], content: list[dict[str, Any]], echoed: bool) -> None:
+        """Remember what a reply's thinking blocks are bound to (the request as sent, and the blocks
+        before them in the reply as the client will rebuild it)."""
+        messages = body.get("messages") or []
+        rebuilt = [_rebuilt(b) for b in content]
+        with self._lock:
+            had = any(b.get("type") in THINKING for b in rebuilt)
+            for j, b in enumerate(rebuilt):
+                if b.get("type") in THINKING:
+                    self.issued.setdefault(_thinking_key(b), set()).add(_prefix(body, messages, rebuilt[:j]))
+                elif b.get("type") == "tool_use":
+                    self.thought[b["id"]] = had
+                    if echoed:
+                        self.echoed.add(b["id"])
+
+    def edit_context(self, rec: Recorded) -> list[str]:
+        """Apply `context_management` to what the model sees; problems if the request is refused."""
+        body = rec.body
+        config = body.get("context_management")
+        if config is None:
+            return []
+        if CONTEXT_BETA not in rec.headers.get("anthropic-beta", ""):
+            return ["context_management: Extra inputs are not permitted (beta header context-management-2025-06-27 "
+                    "missing)"]
+        edits = config.get("edits") if isinstance(config, dict) else None
+        if not isinstance(edits, list):
+            return ["context_management.edits: Field required"]
+        kinds = [e.get("type") if isinstance(e, dict) else None for e in edits]
+        for k in kinds:
+            if k not in ("clear_tool_uses_20250919", "clear_thinking_20251015"):
+                return [f"context_management.edits: unknown edit type {k!r}"]
+        if "clear_thinking_20251015" in kinds:
+            if kinds[0] != "clear_thinking_20251015":
+                return ["context_management.edits: clear_thinking_20251015 must be the first edit"]
+            if not thinking_on(body):
+                return ["context_management.edits: clear_thinking_20251015 requires thinking to be enabled"]
+        messages = json.loads(json.dumps(body.get("messages") or []))
+        tokens = self.count_tokens(body)
+        for edit in edits:
+            if edit["type"] != "clear_tool_uses_20250919":
+                continue
+            trigger = (edit.get("trigger") or {}).get("value", 100_000)
+            keep = (edit.get("keep") or {}).get("value", 3)
+            at_least = (edit.get("clear_at_least") or {}).get("value", 0)
+            if tokens <= trigger:
+                continue
+            uses = {b["id"]: b for m in messages if m.get("role") == "assistant" for b in _blocks(m)
+                    if isinstance(b, dict) and b.get("type") == "tool_use"}
+            results = [b for m in messages if m.get("role") == "user" for b in _blocks(m)
+                       if isinstance(b, dict) and b.get("type") == "tool_result" and b.get("content") != "[cleared]"]
+            old = results[: max(0, len(results) - keep)]
+            inputs = edit.get("clear_tool_inputs")
+            freed = 0
+            for r in old:
+                freed += len(_canon(r.get("content"))) // 4
+                use = uses.get(r.get("tool_use_id"))
+                if use is not None and (inputs is True or (isinstance(inputs, list) and use.get("name") in inputs)):
+                    freed += len(_canon(use.get("input"))) // 4
+            if not old or freed < at_least:
+                continue
+            for r in old:
+                r["content"] = "[cleared]"
+                use = uses.get(r.get("tool_use_id"))
+                if use is not None and (inputs is True or (isinstance(inputs, list) and use.get("name") in inputs)):
+                    use["input"] = {}
+            rec.applied.append({"type": "clear_tool_uses_20250919", "cleared_tool_uses": len(old),
+                                "cleared_input_tokens": freed})
+            tokens -= freed
+        rec.seen = messages
+        return []
+
 
 class _Handler(BaseHTTPRequestHandler):
     server_fake: FakeAnthropic
@@ -276,6 +498,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = {"_raw": raw.decode("utf-8", "replace")}
         rec = Recorded(self.path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic())
+        self._rec = rec
         auth = rec.headers.get("authorization") or rec.headers.get("x-api-key") or ""
         self._echo = {ECHO: json.dumps(rec.headers), ECHO_AUTH: auth}
         fake = self.server_fake
@@ -285,7 +508,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._error(404, f"fake: no route {self.path}")
             if item is None:
                 return self._error(400, "fake: script exhausted")
-            if fake.validate and (problems := request_problems(body)):
+            if fake.validate and (problems := request_problems(body) + _ttl_problems(body)
+                                  + _settings_problems(body) + fake.binding_problems(body) + fake.edit_context(rec)):
                 return self._error(400, "; ".join(problems))
             if isinstance(item, Drop):
                 return self._drop()
@@ -299,8 +523,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(item.status, body_bytes, {"content-type": item.content_type, **item.headers})
             if isinstance(item, SSE):
                 return self._sse(map(_encode, item.events), item.drip, item.chunk, item.stall_after, item.headers)
-            if "{request_" in json.dumps(item.content):  # before the texts are split into deltas
+            echoed = "{request_" in json.dumps(item.content)
+            if echoed:  # before the texts are split into deltas
                 item = replace(item, content=json.loads(self._fill(json.dumps(item.content).encode())))
+            if fake.validate:
+                fake.issue(body, item.content, echoed)
+            if rec.seen is not None or body.get("context_management") is not None:
+                item = replace(item, context_management={"applied_edits": rec.applied})
             if body.get("stream"):
                 pieces = [_encode(e) for e in events(item, body)]
                 if item.error_after is not None:
@@ -319,6 +548,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, data: bytes, headers: dict[str, str]) -> None:
         data = self._fill(data)
+        self._rec.status = status
         self.send_response(status)
         self.send_header("content-length", str(len(data)))
         self.send_header("request-id", f"req_fake_{next(_ids)}")
@@ -349,6 +579,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _sse(self, pieces: Iterable[bytes | None], drip: float, chunk: int | None, stall_after: int | None,
              headers: dict[str, str] | None = None) -> None:
+        self._rec.status = 200
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
@@ -384,6 +615,13 @@ def _final_block(block: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in block.items() if k != "partial_json"}
 
 
+def _rebuilt(block: dict[str, Any]) -> dict[str, Any]:
+    """A block as the client rebuilds it from the stream (a cut-off tool input is unreadable: {})."""
+    cut = block.get("type") == "tool_use" and "partial_json" in block
+    block = _final_block(block)
+    return {**block, "input": {}} if cut else block
+
+
 def _message(item: Reply, body: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": f"msg_fake_{next(_ids)}",
@@ -394,6 +632,7 @@ def _message(item: Reply, body: dict[str, Any]) -> dict[str, Any]:
         "stop_reason": item.stop_reason,
         "stop_sequence": None,
         "usage": _usage(item),
+        **({"context_management": item.context_management} if item.context_management is not None else {}),
     }
 
 
@@ -450,7 +689,8 @@ def _events(item: Reply, body: dict[str, Any]):
         yield "content_block_stop", {"type": "content_block_stop", "index": i}
     delta = {"type": "message_delta", "delta": {"stop_reason": item.stop_reason, "stop_sequence": None}}
     delta_usage = {"output_tokens": usage["output_tokens"]} if item.delta_usage is None else item.delta_usage
-    yield "message_delta", {**delta, "usage": delta_usage}
+    cm = {"context_management": item.context_management} if item.context_management is not None else {}
+    yield "message_delta", {**delta, "usage": delta_usage, **cm}
     yield "message_stop", {"type": "message_stop"}
 
 

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, h
 from agent.llm import PRICES, LLMClient, Usage, cost_usd, price_for, with_cache_breakpoints  # noqa: E402
 from agent.policies.base import Budget  # noqa: E402
 from agent.records import make_event  # noqa: E402
-from agent.policies.claude import CLEARED, NUDGE, ClaudePolicy  # noqa: E402
-from tests.fake_anthropic import Drop, Fault, Reply, fake_api, text, thinking, tool_use  # noqa: E402,F401
+from agent.policies.claude import MEMORY, NUDGE, ClaudePolicy  # noqa: E402
+from tests.fake_anthropic import Drop, Fault, Reply, _canon, fake_api, text, thinking, tool_use  # noqa: E402,F401
 from tools.base import Tool, ToolBox, ToolInput, ToolResult  # noqa: E402
 
 MODEL = "claude-opus-5-5"
@@ -104,7 +104,10 @@ class FakeCtx:
     def stop_reason(self) -> str | None:
         return self.stop
 
-    def events(self, kind: str) -> list[dict[str, Any]]:
+    def events(self, kind: str | None = None) -> list[Any]:
+        """The data of the events of one kind; without a kind, the record's events (as Session.events)."""
+        if kind is None:
+            return [make_event(k, **d) for k, d in self.logs]
         return [d for k, d in self.logs if k == kind]
 
 
@@ -118,7 +121,7 @@ def setup(fake_api):
     def policy(**kw: Any) -> ClaudePolicy:
         client_kw = {k: kw.pop(k) for k in ("timeout", "max_retries", "max_total_wait") if k in kw}
         client = LLMClient(MODEL, api_key=KEY, base_url=fake_api.base_url, backoff_base=0.01, **client_kw)
-        return ClaudePolicy(model=MODEL, max_tokens=4096, client=client, **kw)
+        return ClaudePolicy(model=MODEL, max_tokens=kw.pop("max_tokens", 4096), client=client, **kw)
 
     return fake_api, ctx, calls, policy, holder
 
@@ -159,12 +162,13 @@ def test_multi_turn_tool_use_conversation(setup):
     assert sent_key(first.headers) == KEY
     assert [t["name"] for t in first.body["tools"]] == ["echo", "slow", "needs_int", "submit"]
     assert first.body["tools"][2]["input_schema"]["required"] == ["n"]
-    # prompt caching: last system block, last tool, the briefing
-    assert first.body["system"][-1]["cache_control"] == {"type": "ephemeral"}
-    assert first.body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
+    # prompt caching: last system block, last tool, the briefing: the fixed prefix, for an hour
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    assert first.body["system"][-1]["cache_control"] == hour
+    assert first.body["tools"][-1]["cache_control"] == hour
     assert "cache_control" not in first.body["tools"][0]
     assert first.body["messages"][0]["content"][-1] == {
-        "type": "text", "text": "Task: make softmax faster on H200.", "cache_control": {"type": "ephemeral"}
+        "type": "text", "text": "Task: make softmax faster on H200.", "cache_control": hour
     }
 
     second = api.requests[1].body
@@ -271,14 +275,50 @@ def test_max_turns(setup):
     assert len(api.requests) == 2 and calls.names == ["echo", "echo"]
 
 
-def test_max_cost_stops_before_a_turn_that_would_pass_it(setup):
+def test_max_cost_stops_before_a_request_whose_worst_case_would_pass_it(setup):
     api, ctx, calls, policy, _ = setup
     usage = {"input_tokens": 10_000, "output_tokens": 1_000}  # $0.04 + $0.02 = $0.06 a turn on Opus 5.5
-    ctx.budget = Budget(max_cost_usd=0.15)
-    api.add(*[Reply([tool_use("echo", {"text": "x"})], stop_reason="tool_use", usage=usage) for _ in range(5)])
+    # worst case of the next request: ~11,000 input tokens all written to the cache ($5/MTok) + 4,096
+    # output ($20/MTok) = ~$0.137; after 3 turns ($0.18) that would pass $0.30
+    ctx.budget = Budget(max_cost_usd=0.30)
+    api.add(*[Reply([tool_use("echo", {"text": "x"})], stop_reason="tool_use", usage=usage) for _ in range(6)])
     assert policy().run(ctx) == "max_cost"
-    assert len(api.requests) == 2  # after $0.12, a third turn would end near $0.18
-    assert ctx.events("policy_stop")[0]["cost_usd"] == pytest.approx(0.12)
+    assert len(api.requests) == 3 and api.remaining == 3  # the fourth request was never sent
+    assert ctx.events("policy_stop")[0]["cost_usd"] == pytest.approx(0.18)
+    (note,) = [n for n in ctx.events("note") if "not sent" in n["text"]]
+    assert 0.18 + note["data"]["worst_usd"] > 0.30 and note["data"]["input_estimate"] >= 11_000
+    est, hour = note["data"]["input_estimate"], note["data"]["hour_tokens"]  # the fixed prefix: 1-hour writes
+    assert 0 < hour < 2_000 and note["data"]["worst_usd"] == pytest.approx((hour * 8 + (est - hour) * 5 + 4096 * 20) / 1e6)
+
+
+def test_a_first_request_that_could_pass_max_cost_is_not_sent(setup):
+    api, ctx, calls, policy, _ = setup
+    ctx.budget = Budget(max_cost_usd=0.05)  # 4,096 output tokens alone may cost $0.08 on Opus 5.5
+    api.add(*done())
+    assert policy().run(ctx) == "max_cost"
+    assert api.requests == [] and ctx.events("llm_turn") == []
+
+
+def test_budgets_count_what_a_resumed_session_already_spent(setup):
+    api, ctx, calls, policy, _ = setup
+    # the record of the first run: 3 turns, $1.40 spent (as Session.events() gives them back)
+    ctx.logs += [("llm_turn", {"turn": n, "cost_usd": c, "model": MODEL}) for n, c in ((1, 0.5), (2, 0.5), (3, 0.4))]
+    ctx.budget = Budget(max_turns=5, max_cost_usd=1.55)
+    usage = {"input_tokens": 1_000, "output_tokens": 100}  # $0.006 a turn
+    api.add(*[Reply([tool_use("echo", {"text": str(i)})], stop_reason="tool_use", usage=usage) for i in range(4)])
+    assert policy().run(ctx) == "max_turns"
+    assert len(api.requests) == 2  # turns 4 and 5 of 5
+    turns = ctx.events("llm_turn")[3:]
+    assert [t["turn"] for t in turns] == [4, 5]
+    assert turns[-1]["total_cost_usd"] == pytest.approx(1.4 + 2 * 0.006)
+    assert ctx.events("policy_stop")[0] == {"reason": "max_turns", "turns": 5, "cost_usd": pytest.approx(1.412)}
+    assert "already spent" in ctx.events("note")[0]["text"]
+
+    # the cost already spent counts too: $1.412 + a worst case of ~$0.09 passes $1.45
+    ctx.logs = [(k, d) for k, d in ctx.logs if k == "llm_turn"]
+    ctx.budget = Budget(max_cost_usd=1.45)
+    api.add(Reply([text("never sent")]))
+    assert policy().run(ctx) == "max_cost" and len(api.requests) == 2
 
 
 def test_session_stop_reason_is_returned(setup):
@@ -419,39 +459,101 @@ def test_transient_failures_are_retried(setup, fault):
 # -- context --------------------------------------------------------------------------------------
 
 
-def test_old_tool_results_are_cleared_and_memory_reinjected(setup):
+def results_of(messages: list[dict[str, Any]]) -> list[str]:
+    return [b["content"] for m in messages if m["role"] == "user" and isinstance(m["content"], list)
+            for b in m["content"] if b.get("type") == "tool_result"]
+
+
+def test_old_tool_results_are_cleared_by_the_api_and_memory_reinjected(setup):
     api, ctx, calls, policy, _ = setup
-    small = {"input_tokens": 100}
-    big = {"input_tokens": 2_000}
-    ids = [tool_use("echo", {"text": f"r{i}"}) for i in range(4)]
-    api.add(
-        *[Reply([u], stop_reason="tool_use", usage=small) for u in ids[:3]],
-        Reply([ids[3]], stop_reason="tool_use", usage=big),  # passes the limit: clear
-        *done(),
-    )
-    assert policy(context_limit=1_000, keep_tool_results=1).run(ctx) == "end_turn"
-    body = api.requests[4].body  # the request after the clearing
-    user_blocks = [b for m in body["messages"] if m["role"] == "user" for b in m["content"]]
-    results = [b for b in user_blocks if b.get("type") == "tool_result"]
-    assert [r["content"] for r in results] == [CLEARED, CLEARED, "echo: r2", "echo: r3"]
-    note = last_user(body)[-1]
-    assert note["type"] == "text" and ctx.notes in note["text"]
-    assert ctx.events("context_cleared") == [{"turn": 4, "context_tokens": 2_010, "cleared": 2}]
+    api.count_tokens = lambda body: 1_000 * len(results_of(body["messages"]))  # 1,000 tokens a result
+    ids = [tool_use("echo", {"text": f"r{i}" + "x" * 2_000}) for i in range(4)]
+    api.add(*[Reply([thinking(f"step {i}", f"sig-{i}"), u], stop_reason="tool_use") for i, u in enumerate(ids)],
+            *done())
+    assert policy(context_limit=1_500, keep_tool_results=1).run(ctx) == "end_turn"
+    assert api.remaining == 0 and len(api.requests) == 6
+    for r in api.requests:  # the API's own context editing, asked for in every request
+        assert "context-management-2025-06-27" in r.headers["anthropic-beta"]
+        thinking_edit, clear = r.body["context_management"]["edits"]
+        assert thinking_edit == {"type": "clear_thinking_20251015", "keep": "all"}
+        assert clear["type"] == "clear_tool_uses_20250919" and clear["trigger"] == {"type": "input_tokens", "value": 1_500}
+        assert clear["keep"] == {"type": "tool_uses", "value": 1}
+        assert r.body["thinking"] == {"type": "adaptive"}
+    assert api.requests[1].applied == []  # one result: under the trigger
+    (edit,) = api.requests[2].applied
+    assert edit["cleared_tool_uses"] == 1 and edit["cleared_input_tokens"] > 500
+    # the model saw the old result cleared; our history still holds it, unchanged
+    assert [r[:6] for r in results_of(api.requests[2].seen)] == ["[clear", "echo: "]
+    assert [r[:8] for r in results_of(api.requests[2].body["messages"])] == ["echo: r0", "echo: r1"]
+    # the response said so: the next message ends with what was learned
+    note = last_user(api.requests[3].body)[-1]
+    assert note["type"] == "text" and note["text"] == MEMORY.format(memory=ctx.notes)
+    assert ctx.events("context_cleared")[0] == {"turn": 3, "context_tokens": edit["cleared_input_tokens"], "cleared": 1}
+    # append-only: every request starts with the previous one, thinking blocks and all (cache_control aside)
+    for a, b in zip(api.bodies, api.bodies[1:]):
+        assert _canon(b["messages"][: len(a["messages"])]) == _canon(a["messages"])
+        assert _canon([b["system"], b["tools"]]) == _canon([a["system"], a["tools"]])
+    assert api.requests[1].body["messages"][1]["content"][0] == thinking("step 0", "sig-0")
     # the briefing is never cleared
-    assert body["messages"][0]["content"][0]["text"] == "Task: make softmax faster on H200."
+    assert api.requests[5].body["messages"][0]["content"][0]["text"] == "Task: make softmax faster on H200."
 
 
-def test_context_window_exceeded_clears_or_stops(setup):
+def test_context_window_exceeded_clears_harder_or_stops(setup):
     api, ctx, calls, policy, _ = setup
+    full = {"input_tokens": 900_000, "output_tokens": 100}
     api.add(Reply([tool_use("echo", {"text": "big"})], stop_reason="tool_use"),
-            Reply([text("...")], stop_reason="model_context_window_exceeded"), *done())
+            Reply([text("...")], stop_reason="model_context_window_exceeded", usage=full), *done())
     assert policy().run(ctx) == "end_turn"
-    body = api.requests[2].body
-    assert body["messages"][2]["content"][0]["content"] == CLEARED
-    assert ctx.notes in last_user(body)[-1]["text"]
+    normal = api.requests[1].body["context_management"]["edits"][1]
+    assert normal["trigger"]["value"] == 600_000 and normal["keep"]["value"] == 3  # 60% of Opus 5.5's 1M
+    harder = api.requests[2].body["context_management"]["edits"][1]
+    assert harder["trigger"]["value"] == 450_050 and harder["keep"]["value"] == 1
+    assert api.requests[3].body["context_management"]["edits"][1]["trigger"]["value"] == 600_000  # back to normal
 
-    api.add(Reply([text("...")], stop_reason="model_context_window_exceeded"))
-    assert policy().run(ctx) == "context_full"  # nothing left to clear
+    api.add(*[Reply([text("...")], stop_reason="model_context_window_exceeded", usage=full)] * 2)
+    assert policy().run(ctx) == "context_full"  # clearing harder cleared nothing
+
+
+def test_thinking_effort_and_max_tokens_are_sent_as_asked(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(*done())
+    policy(effort="high", thinking=2_048).run(ctx)
+    body = api.requests[0].body
+    assert body["output_config"] == {"effort": "high"} and body["max_tokens"] == 4096
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 2_048}
+    assert api.requests[0].headers["anthropic-beta"].split(",") == ["context-management-2025-06-27",
+                                                                     "interleaved-thinking-2025-05-14"]
+    with pytest.raises(ValueError, match="cannot be turned off"):
+        policy(thinking="off")  # Opus 5.5 always thinks
+    with pytest.raises(ValueError, match="effort"):
+        policy(effort="extreme")
+    with pytest.raises(ValueError, match="max_tokens"):
+        ClaudePolicy(model=MODEL, max_tokens=200_000)
+    with pytest.raises(ValueError, match="budget"):
+        policy(thinking=8_192)  # not below max_tokens
+    assert ClaudePolicy(model="claude-opus-5", thinking="off").thinking == {"type": "disabled"}
+    assert ClaudePolicy(model="claude-haiku-4-5").thinking is None  # no adaptive thinking there
+
+
+def test_the_model_of_each_turn_is_recorded(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(*done())
+    policy().run(ctx)
+    assert [t["model"] for t in ctx.events("llm_turn")] == [MODEL, MODEL]  # the fake answers as the model asked
+
+
+def test_long_tool_rounds_move_the_cache_to_the_1h_ttl(setup):
+    api, ctx, calls, policy, _ = setup
+    api.add(Reply([tool_use("echo", {"text": "quick"})], stop_reason="tool_use"),
+            Reply([tool_use("slow", {"seconds": 0.3})], stop_reason="tool_use"),
+            Reply([tool_use("echo", {"text": "after"})], stop_reason="tool_use"), *done())
+    assert policy(long_tool_s=0.2).run(ctx) == "end_turn"
+    ttl = [(r.body["system"][-1]["cache_control"], last_user(r.body)[-1]["cache_control"]) for r in api.requests[1:]]
+    five, hour = {"type": "ephemeral"}, {"type": "ephemeral", "ttl": "1h"}
+    assert ttl[0] == (hour, five)  # after a quick round: the newest breakpoint for 5 minutes
+    assert ttl[1] == (hour, hour) and ttl[2] == (hour, hour)  # after the slow one (and while it is recent)
+    assert {_canon(r.body["tools"]) for r in api.requests} == {_canon(api.requests[0].body["tools"])}
+    assert {json.dumps(r.body["tools"]) for r in api.requests} == {json.dumps(api.requests[0].body["tools"])}
 
 
 # -- the key ------------------------------------------------------------------------------------
@@ -488,3 +590,77 @@ def test_fake_rejects_what_the_api_would(fake_api):
                 {"role": "user", "content": "no result"}]
     with pytest.raises(anthropic.BadRequestError, match="need tool_result"):
         client.messages.create(model=MODEL, max_tokens=10, messages=dangling)
+
+
+def test_fake_enforces_the_thinking_block_rules(fake_api):
+    """What the real API refuses with thinking on, the fake refuses too: a regression fails a test."""
+    client = anthropic.Anthropic(api_key=KEY, base_url=fake_api.base_url, max_retries=0)
+    a1 = [thinking("plan a", "sig-a"), tool_use("echo", {"text": "1"}, id="toolu_a")]
+    a2 = [thinking("plan b", "sig-b"), text("next"), tool_use("echo", {"text": "2"}, id="toolu_b")]
+    fake_api.add(Reply(a1, stop_reason="tool_use"), Reply(a2, stop_reason="tool_use"), *[Reply([text("ok")])] * 6)
+    system = [{"type": "text", "text": "rules"}]
+
+    def send(messages: list[dict[str, Any]], system: list[dict[str, Any]] = system) -> Any:
+        return client.messages.create(model=MODEL, max_tokens=10, system=system, messages=messages,
+                                      thinking={"type": "adaptive"})
+
+    def result(uid: str, content: str) -> dict[str, Any]:
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uid, "content": content}]}
+
+    m0 = {"role": "user", "content": [text("brief")]}
+    send([m0])
+    send([m0, {"role": "assistant", "content": a1}, result("toolu_a", "r1")])
+    good = [m0, {"role": "assistant", "content": a1}, result("toolu_a", "r1"), {"role": "assistant", "content": a2},
+            result("toolu_b", "r2")]
+    send([{**m, "content": [{**b, "cache_control": {"type": "ephemeral"}} for b in m["content"]]}
+          if m["role"] == "user" else m for m in good])  # moving cache breakpoints is no change
+    bad = {
+        "bound to a different conversation": [*good[:2], result("toolu_a", "[cleared]"), *good[3:]],  # edited in place
+        "Invalid `signature`": [m0, {"role": "assistant", "content": [thinking("plan A", "sig-a"), a1[1]]}, *good[2:]],
+        "must start with a thinking block": [*good[:3], {"role": "assistant", "content": a2[1:]}, good[4]],
+    }
+    for words, messages in bad.items():
+        with pytest.raises(anthropic.BadRequestError, match=words) as err:
+            send(messages)
+        assert err.value.body["error"]["type"] == "invalid_request_error"  # the API's error shape
+    with pytest.raises(anthropic.BadRequestError, match="bound to a different conversation"):
+        send(good, system=[{"type": "text", "text": "rules, rewritten"}])  # system is in every block's prefix
+    send(good[:3])  # dropping a whole turn at the end is a new request, not an edit: fine
+    assert [r.status for r in fake_api.requests] == [200, 200, 200, 400, 400, 400, 400, 200]
+
+
+def test_fake_checks_context_editing_and_cache_ttls(fake_api):
+    client = anthropic.Anthropic(api_key=KEY, base_url=fake_api.base_url, max_retries=0)
+    fake_api.add(*[Reply([text("ok")])] * 5)
+    msgs = [{"role": "user", "content": "hi"}]
+    edits = {"edits": [{"type": "clear_tool_uses_20250919"}]}
+    with pytest.raises(anthropic.BadRequestError, match="beta header"):
+        client.messages.create(model=MODEL, max_tokens=10, messages=msgs, extra_body={"context_management": edits})
+    reply = client.beta.messages.create(model=MODEL, max_tokens=10, messages=msgs, context_management=edits,
+                                        betas=["context-management-2025-06-27"])
+    assert reply.context_management.applied_edits == []
+    late = {"edits": [{"type": "clear_tool_uses_20250919"}, {"type": "clear_thinking_20251015", "keep": "all"}]}
+    with pytest.raises(anthropic.BadRequestError, match="must be the first"):
+        client.beta.messages.create(model=MODEL, max_tokens=10, messages=msgs, context_management=late,
+                                    betas=["context-management-2025-06-27"])
+    hour, five = {"type": "ephemeral", "ttl": "1h"}, {"type": "ephemeral"}
+    with pytest.raises(anthropic.BadRequestError, match="ttl='1h' cannot come after"):
+        client.messages.create(model=MODEL, max_tokens=10, system=[{"type": "text", "text": "s", "cache_control": five}],
+                               messages=[{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": hour}]}])
+    with pytest.raises(anthropic.BadRequestError, match="disabling thinking"):
+        client.messages.create(model=MODEL, max_tokens=10, messages=msgs, thinking={"type": "disabled"})
+
+
+def test_long_overloads_are_ridden_out_within_retry_hours(setup, monkeypatch):
+    api, ctx, calls, policy, _ = setup
+    p = ClaudePolicy(model=MODEL, retry_hours=6, max_retry_wait_s=900)
+    made = p._client()  # the client a long unattended run gets
+    assert (made.max_retries, made.max_total_wait, made.max_delay) == (None, 6 * 3600, 900)
+    waits: list[float] = []
+    client = LLMClient(MODEL, api_key=KEY, base_url=api.base_url, max_retries=None, max_total_wait=6 * 3600,
+                       max_delay=900, sleep=waits.append)  # waits recorded, not slept
+    api.add(*[Fault(529)] * 20, *done())  # more than the default 8 retries
+    assert ClaudePolicy(model=MODEL, max_tokens=4096, client=client).run(ctx) == "end_turn"
+    assert len(waits) == 20 and max(waits) <= 900 and sum(waits) <= 6 * 3600
+    assert waits[12] > waits[2]  # exponential, with jitter, capped per wait
+    assert [e["attempt"] for e in ctx.events("llm_retry")] == list(range(1, 21))

@@ -1,0 +1,386 @@
+"""A run as HTML: the plots (Plotly figures) and the page (Jinja2 templates in agent/templates).
+
+`render_report(view)` is one self-contained file: plotly.js, the figures, the styles and the
+script are inlined, and a Content-Security-Policy forbids the page any network request. The live
+view of `kloop serve` renders the same body (`render_body`) and swaps it in when the record grows.
+
+Everything the agent wrote (titles, reasons, notes, diffs, transcripts) is data: Jinja escapes it,
+hover texts are escaped before Plotly sees them, and JSON inside <script> cannot close the tag.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from functools import lru_cache
+from typing import Any
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from jinja2 import Environment, PackageLoader, select_autoescape
+from markdown_it import MarkdownIt
+from markupsafe import Markup
+from plotly.subplots import make_subplots
+
+from agent.run_view import AttemptView, RunView, kernel_deltas
+
+# one colour per gate stage that can reject; accepted is the staircase's colour
+STAGE_COLORS = {
+    "scope": "#7f7f7f", "static": "#8c564b", "build": "#d62728", "check": "#ff7f0e",
+    "timing": "#9467bd", "interrupted": "#bcbd22", "pending": "#17becf", "": "#7f7f7f",
+}
+ACCEPTED_COLOR = "#2ca02c"
+BASE_COLOR = "#1f77b4"
+COMPARATOR_COLORS = ["#e377c2", "#8c564b", "#bcbd22", "#17becf"]
+FONT = dict(family="ui-sans-serif, system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=11)
+CSP_REPORT = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
+              "font-src data:")
+
+
+def _esc(text: Any, limit: int = 240) -> str:
+    """Text for a Plotly hover label (which reads a little HTML): escaped, cut, one line per 100 chars."""
+    s = str(text)
+    s = s if len(s) <= limit else s[:limit] + "…"
+    return "<br>".join(html.escape(s[i:i + 100]) for i in range(0, len(s), 100)) or ""
+
+
+def _layout(**kw) -> dict:
+    base = dict(font=FONT, margin=dict(l=56, r=16, t=28, b=40), paper_bgcolor="white", plot_bgcolor="white",
+                hoverlabel=dict(font=dict(size=11)),
+                legend=dict(orientation="h", x=0, y=1.01, yanchor="bottom", font=dict(size=10)))
+    base.update(kw)
+    return base
+
+
+def _axis(**kw) -> dict:
+    return dict(showgrid=True, gridcolor="#eee", zeroline=False, linecolor="#999", mirror=True, ticks="outside", **kw)
+
+
+def fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds >= 1e-1:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def _rate_kind(view: RunView, flops: float | None, nbytes: float | None) -> str:
+    """'gbps' for memory-bound shapes, 'tflops' for compute-bound (by the roofline, else by intensity)."""
+    if not flops:
+        return "gbps"
+    if not nbytes:
+        return "tflops"
+    if view.peak_flops and view.peak_bytes:
+        return "gbps" if nbytes / view.peak_bytes >= flops / view.peak_flops else "tflops"
+    return "gbps" if flops / nbytes < 10 else "tflops"
+
+
+# ---- figures --------------------------------------------------------------------------------------
+
+def fig_progress(view: RunView) -> go.Figure:
+    """Speedup over the baseline by attempt: accepted steps as a staircase, every other attempt a
+    point coloured by the stage that rejected it (at the speedup it measured, or on the staircase
+    when it never reached timing)."""
+    fig = go.Figure()
+    atts = view.attempts
+    last = atts[-1].number if atts else 1
+    xs, ys, level = [0], [1.0], 1.0
+    for a in atts:
+        if a.verdict == "accepted" and a.level:
+            xs.append(a.number)
+            ys.append(a.level)
+            level = a.level
+    xs.append(last)
+    ys.append(level)
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(shape="hv", color=ACCEPTED_COLOR, width=2),
+                             name="best so far", hoverinfo="skip"))
+
+    def points(group: list[AttemptView], name: str, color: str, symbol: str) -> None:
+        if not group:
+            return
+        y, err_hi, err_lo, text = [], [], [], []
+        for a in group:
+            if a.level and a.speedup:
+                y.append(a.level)
+                err_hi.append(a.level * (a.hi / a.speedup - 1) if a.hi else 0)
+                err_lo.append(a.level * (1 - a.lo / a.speedup) if a.lo else 0)
+            else:  # never timed: drawn on the staircase at the best of its time
+                y.append(_level_before(atts, a.number))
+                err_hi.append(0)
+                err_lo.append(0)
+            sp = f"x{a.speedup:.4f} [{a.lo:.4f}, {a.hi:.4f}] vs best" if a.speedup and a.lo and a.hi else "not timed"
+            text.append(f"<b>#{a.number}</b> {_esc(a.title, 120)}<br>{a.verdict} ({a.stage or '-'}): {sp}"
+                        + (f"<br>x{a.level:.3f} over base" if a.level else "") + f"<br>{_esc(a.reason, 200)}")
+        fig.add_trace(go.Scatter(
+            x=[a.number for a in group], y=y, mode="markers", name=name, text=text, hovertemplate="%{text}<extra></extra>",
+            marker=dict(color=color, size=8 if name == "accepted" else 7, symbol=symbol, line=dict(width=1, color="white")),
+            error_y=dict(type="data", array=err_hi, arrayminus=err_lo, visible=True, thickness=1, width=2, color=color),
+            customdata=[a.number for a in group],
+        ))
+
+    points([a for a in atts if a.verdict == "accepted"], "accepted", ACCEPTED_COLOR, "circle")
+    stages: dict[str, list[AttemptView]] = {}
+    for a in atts:
+        if a.verdict != "accepted":
+            stages.setdefault(a.stage if a.verdict != "pending" else "pending", []).append(a)
+    for stage, group in stages.items():
+        label = "being judged" if stage == "pending" else f"rejected: {stage or '?'}"
+        points(group, label, STAGE_COLORS.get(stage, "#7f7f7f"), "circle-open" if stage != "timing" else "diamond")
+    fig.update_layout(_layout(height=280, xaxis=_axis(title="attempt", dtick=1 if last <= 30 else None, range=[-0.5, last + 0.5]),
+                              yaxis=_axis(title="× baseline (geomean)", type="log"),
+                              hovermode="closest"))
+    return fig
+
+
+def _level_before(atts: list[AttemptView], number: int) -> float:
+    level = 1.0
+    for a in atts:
+        if a.number >= number:
+            break
+        if a.verdict == "accepted" and a.level:
+            level = a.level
+    return level
+
+
+def fig_shapes(view: RunView) -> go.Figure | None:
+    """Per bench shape: time per call (top) and attained rate (bottom) over the accepted commits,
+    against the comparators and the roofline bound."""
+    series = [s for s in view.series if s.times]
+    if not series:
+        return None
+    n = len(series)
+    fig = make_subplots(rows=2, cols=n, shared_xaxes=True, vertical_spacing=0.08, horizontal_spacing=0.06,
+                        subplot_titles=[s.shape for s in series])
+    for i, s in enumerate(series, start=1):
+        kind = _rate_kind(view, s.flops, s.bytes)
+        work, unit, scale = (s.bytes, "GB/s", 1e9) if kind == "gbps" else (s.flops, "TFLOP/s", 1e12)
+        peak = view.peak_bytes if kind == "gbps" else view.peak_flops
+        tscale, tunit = (1e3, "ms") if max(s.times + [c.time for c in s.comparators]) >= 1e-3 else (1e6, "µs")
+        rates = [work / t / scale if work else None for t in s.times]
+        text = [f"{lab}: {fmt_time(t)}" + (f", {r:.1f} {unit}" if r else "") + (f" ({100 * r * scale / peak:.1f}% of peak)" if r and peak else "")
+                for lab, t, r in zip(s.labels, s.times, rates)]
+        fig.add_trace(go.Scatter(x=s.labels, y=[t * tscale for t in s.times], mode="lines+markers", name="kernel",
+                                 legendgroup="kernel", showlegend=i == 1, line=dict(color=BASE_COLOR, shape="hv"),
+                                 marker=dict(size=6), text=text, hovertemplate="%{text}<extra></extra>"), row=1, col=i)
+        if work:
+            fig.add_trace(go.Scatter(x=s.labels, y=rates, mode="lines+markers", name=unit, legendgroup="kernel",
+                                     showlegend=False, line=dict(color=BASE_COLOR, shape="hv"), marker=dict(size=6),
+                                     text=text, hovertemplate="%{text}<extra></extra>"), row=2, col=i)
+        for j, c in enumerate(s.comparators):
+            color = COMPARATOR_COLORS[j % len(COMPARATOR_COLORS)]
+            fig.add_hline(y=c.time * tscale, line=dict(color=color, dash="dash", width=1), row=1, col=i,
+                          annotation=dict(text=f"{html.escape(c.name)} {fmt_time(c.time)}", font=dict(size=9, color=color)),
+                          annotation_position="top left")
+            if work:
+                fig.add_hline(y=work / c.time / scale, line=dict(color=color, dash="dash", width=1), row=2, col=i)
+        if s.bound:
+            fig.add_hline(y=s.bound * tscale, line=dict(color="black", dash="dot", width=1), row=1, col=i,
+                          annotation=dict(text=f"roofline {fmt_time(s.bound)}", font=dict(size=9)), annotation_position="bottom left")
+        if peak and work:
+            fig.add_hline(y=peak / scale, line=dict(color="black", dash="dot", width=1), row=2, col=i,
+                          annotation=dict(text=f"peak {peak / scale:.0f} {unit}", font=dict(size=9)), annotation_position="bottom left")
+        fig.update_yaxes(_axis(title=f"{tunit} per call", rangemode="tozero"), row=1, col=i)
+        fig.update_yaxes(_axis(title=unit, rangemode="tozero"), row=2, col=i)
+        fig.update_xaxes(_axis(type="category"), row=1, col=i)
+        fig.update_xaxes(_axis(type="category", title="accepted commits" if i == 1 else None), row=2, col=i)
+    fig.update_layout(_layout(height=420, showlegend=False, hovermode="closest", margin=dict(l=56, r=16, t=36, b=40)))
+    for a in fig.layout.annotations:
+        if a.text in {s.shape for s in series}:
+            a.font = dict(size=11)
+    return fig
+
+
+def fig_roofline(view: RunView) -> go.Figure | None:
+    """Arithmetic intensity vs attained FLOP/s for the baseline, the best and the comparators."""
+    pts: list[tuple[str, str, float, float, str]] = []  # (group, shape, intensity, flop/s, hover)
+    for s in view.series:
+        if not (s.flops and s.bytes and s.times):
+            continue
+        ai = s.flops / s.bytes
+        pts.append(("baseline", s.shape, ai, s.flops / s.times[0], f"{s.shape} baseline {fmt_time(s.times[0])}"))
+        if len(s.times) > 1:
+            pts.append(("best", s.shape, ai, s.flops / s.times[-1], f"{s.shape} best ({s.labels[-1]}) {fmt_time(s.times[-1])}"))
+        for c in s.comparators:
+            pts.append((c.name, s.shape, ai, s.flops / c.time, f"{s.shape} {html.escape(c.name)} {fmt_time(c.time)}"))
+    if not pts:
+        return None
+    fig = go.Figure()
+    ais = [p[2] for p in pts]
+    lo, hi = min(ais) / 8, max(ais) * 8
+    if view.peak_flops and view.peak_bytes:
+        ridge = view.peak_flops / view.peak_bytes
+        lo, hi = min(lo, ridge / 8), max(hi, ridge * 4)
+        xs = [lo, ridge, hi]
+        fig.add_trace(go.Scatter(x=xs, y=[min(view.peak_flops, x * view.peak_bytes) / 1e12 for x in xs], mode="lines",
+                                 name="roofline", line=dict(color="black", width=1.5), hoverinfo="skip"))
+    styles = {"baseline": (BASE_COLOR, "circle"), "best": (ACCEPTED_COLOR, "star")}
+    groups = list(dict.fromkeys(p[0] for p in pts))
+    for j, g in enumerate(groups):
+        color, symbol = styles.get(g, (COMPARATOR_COLORS[j % len(COMPARATOR_COLORS)], "diamond-open"))
+        gp = [p for p in pts if p[0] == g]
+        fig.add_trace(go.Scatter(x=[p[2] for p in gp], y=[p[3] / 1e12 for p in gp], mode="markers", name=g,
+                                 marker=dict(color=color, symbol=symbol, size=10 if g == "best" else 8),
+                                 text=[f"{p[4]}<br>{p[3] / 1e12:.3f} TFLOP/s at {p[2]:.3g} FLOP/B" for p in gp],
+                                 hovertemplate="%{text}<extra></extra>"))
+    ys = [p[3] / 1e12 for p in pts] + ([view.peak_flops / 1e12] if view.peak_flops else [])
+    ylo, yhi = min(ys) / 2, max(ys) * 2
+    fig.update_layout(_layout(height=300, hovermode="closest",
+                              xaxis=_axis(title="arithmetic intensity (FLOP/byte)", type="log", range=[math.log10(lo), math.log10(hi)],
+                                          **_log_ticks(lo, hi)),
+                              yaxis=_axis(title="TFLOP/s", type="log", range=[math.log10(ylo), math.log10(yhi)], **_log_ticks(ylo, yhi))))
+    return fig
+
+
+def _log_ticks(lo: float, hi: float) -> dict:
+    """Ticks at 1, 2, 5 x 10^k within [lo, hi], labelled in full (Plotly's default labels minor ticks '2', '5')."""
+    vals = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1) for m in (1, 2, 5)]
+    vals = [v for v in vals if lo <= v <= hi]
+    if len(vals) > 9:
+        vals = [v for v in vals if f"{v:g}".lstrip("0.").startswith("1")]
+    return {"tickvals": vals, "ticktext": [f"{v:g}" for v in vals]}
+
+
+def fig_compare(views: list[RunView]) -> go.Figure:
+    """The staircases of several runs on one plot."""
+    fig = go.Figure()
+    for i, v in enumerate(views):
+        color = [ACCEPTED_COLOR, BASE_COLOR, "#d62728", "#9467bd"][i % 4]
+        xs, ys, level = [0], [1.0], 1.0
+        for a in v.accepted:
+            if a.level:
+                xs.append(a.number)
+                ys.append(a.level)
+                level = a.level
+        xs.append(v.attempts[-1].number if v.attempts else 0)
+        ys.append(level)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line=dict(shape="hv", color=color), name=f"{v.run_id} ({v.device})",
+                                 hovertemplate="attempt %{x}: x%{y:.3f}<extra></extra>"))
+    fig.update_layout(_layout(height=280, xaxis=_axis(title="attempt"), yaxis=_axis(title="× baseline", type="log")))
+    return fig
+
+
+def figure_json(fig: go.Figure | None) -> Markup | None:
+    """A figure as JSON safe to place inside <script type="application/json">."""
+    if fig is None:
+        return None
+    text = pio.to_json(fig, validate=False, remove_uids=True)
+    return Markup(text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
+
+
+# ---- the page -------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+@lru_cache(maxsize=1)
+def _env() -> Environment:
+    env = Environment(loader=PackageLoader("agent", "templates"), autoescape=select_autoescape(["html", "j2"]),
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters["t"] = fmt_time
+    env.filters["sp"] = lambda x: f"x{x:.4f}" if isinstance(x, (int, float)) else "-"
+    env.filters["usd"] = lambda x: f"${x:.2f}" if isinstance(x, (int, float)) else "-"
+    env.filters["tojson_pretty"] = lambda x: json.dumps(x, indent=1, ensure_ascii=False, default=str) if not isinstance(x, str) else x
+    env.globals["diff_lines"] = diff_lines
+    env.globals["markdown"] = markdown
+    env.globals["stage_colors"] = STAGE_COLORS
+    return env
+
+
+_md = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
+
+
+def markdown(text: str) -> Markup:
+    """The agent's notes as HTML (raw HTML in them is escaped; markdown-it drops unsafe link schemes)."""
+    return Markup(_md.render(text))
+
+
+def diff_lines(patch: str) -> list[tuple[str, str]]:
+    """(css class, line) for a unified diff."""
+    out = []
+    for line in patch.splitlines():
+        if line.startswith(("diff --git", "index ", "+++ ", "--- ", "new file", "deleted file")):
+            cls = "dh"
+        elif line.startswith("@@"):
+            cls = "dk"
+        elif line.startswith("+"):
+            cls = "da"
+        elif line.startswith("-"):
+            cls = "dd"
+        else:
+            cls = ""
+        out.append((cls, line))
+    return out
+
+
+def body_context(view: RunView) -> dict:
+    best = view.best_kernels()
+    return {
+        "v": view,
+        "fig_progress": figure_json(fig_progress(view)),
+        "fig_shapes": figure_json(fig_shapes(view)),
+        "fig_roofline": figure_json(fig_roofline(view)),
+        "deltas": {a.number: kernel_deltas(a, best) for a in view.attempts},
+        "best_kernels": best,
+        "sass_recorded": any(k.sass_total is not None for k in best + view.baseline_kernels),
+        "rate_kinds": {s.shape: _rate_kind(view, s.flops, s.bytes) for s in view.series},
+    }
+
+
+def render_body(view: RunView) -> str:
+    """The run's content (header, plots, attempts, notes, transcript) as an HTML fragment."""
+    return _env().get_template("run_body.html.j2").render(**body_context(view))
+
+
+def render_page(title: str, body: str, plotly_src: str | None = None, live: dict | None = None,
+                csp: str = CSP_REPORT) -> str:
+    """A whole page around `body`: plotly.js inlined (self-contained) unless `plotly_src` names a URL."""
+    inline = None if plotly_src else Markup(plotly_js().replace("</script", "<\\/script"))
+    return _env().get_template("page.html.j2").render(title=title, body=Markup(body), plotly_inline=inline,
+                                                      plotly_src=plotly_src, csp=csp, live=live)
+
+
+def render_report(view: RunView) -> str:
+    """One self-contained HTML page: opens with no network (everything inlined, CSP forbids requests)."""
+    return render_page(f"kloop {view.run_id}", render_body(view))
+
+
+def render_compare_body(views: list[RunView]) -> str:
+    return _env().get_template("compare_body.html.j2").render(views=views, rows=compare_rows(views),
+                                                              fig=figure_json(fig_compare(views)))
+
+
+def render_compare(views: list[RunView]) -> str:
+    """Two (or more) runs side by side, self-contained like the report."""
+    return render_page("kloop compare " + " vs ".join(v.run_id for v in views), render_compare_body(views))
+
+
+def render_index(runs: list, root: str = "", links: bool = True) -> str:
+    """The list of runs (`RunRow`s; kloop serve's home page body)."""
+    return _env().get_template("runs_body.html.j2").render(runs=runs, root=root, links=links)
+
+
+def compare_rows(views: list[RunView]) -> list[dict]:
+    """Attempts matched across runs: by identical patch first (a replay of the same attempt), then by number."""
+    import hashlib
+
+    def key(a: AttemptView) -> str:
+        return hashlib.sha256(a.patch.encode()).hexdigest() if a.patch.strip() else f"#{a.number}"
+
+    order: list[str] = []
+    cells: dict[str, list[AttemptView | None]] = {}
+    for i, v in enumerate(views):
+        for a in v.attempts:
+            k = key(a)
+            if k not in cells or cells[k][i] is not None:
+                k = k if k not in cells else f"{k}/{v.run_id}/{a.number}"
+                cells[k] = [None] * len(views)
+                order.append(k)
+            cells[k][i] = a
+    return [{"title": next(a.title for a in cells[k] if a), "cells": cells[k]} for k in order]

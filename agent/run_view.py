@@ -1,0 +1,401 @@
+"""A run record read as what `kloop report`, `kloop serve` and `kloop compare` show.
+
+Built only from the files of the record (run.json, events.jsonl, attempts/NNN.patch, notes.md,
+trusted/task.toml): never from the session's worktree or git, so a live session is read, not touched.
+Every number keeps where it came from: baseline times are the session's quick bench (the same harness
+as the comparators); an accepted commit's times are the candidate's medians in the gate's paired run.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent import records as rec
+from tools.roofline import PEAKS, device_key
+
+PATCH_LIMIT = 400_000  # characters of one attempt's patch shown (a patch that large is read in git)
+
+
+@dataclass
+class KernelFigures:
+    """ptxas figures of one kernel, and its SASS mix where the record has one."""
+
+    name: str
+    registers: int | None = None
+    spill_store: int = 0
+    spill_load: int = 0
+    smem: int = 0
+    stack: int = 0
+    sass_total: int | None = None
+    sass_families: dict[str, int] = field(default_factory=dict)
+    sass_memory: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ShapeTiming:
+    """One bench shape of one paired A/B decision."""
+
+    shape: str
+    time_best: float
+    time_cand: float
+    speedup: float
+    lo: float
+    hi: float
+    pairs: int
+
+
+@dataclass
+class AttemptView:
+    number: int
+    title: str
+    rationale: str = ""
+    knobs: dict[str, Any] = field(default_factory=dict)
+    verdict: str = "pending"  # accepted | rejected | interrupted | pending (no verdict yet: being judged)
+    stage: str = ""  # the gate stage that decided (scope, static, build, check, timing, accepted, ...)
+    reason: str = ""
+    speedup: float | None = None  # against the best of its time
+    lo: float | None = None
+    hi: float | None = None
+    level: float | None = None  # speedup over the baseline of the best after it (accepted) / it would have had
+    commit: str | None = None
+    seconds: float | None = None
+    shapes: list[ShapeTiming] = field(default_factory=list)
+    kernels: list[KernelFigures] = field(default_factory=list)
+    patch: str = ""
+    patch_truncated: bool = False
+    started: str = ""
+
+
+@dataclass
+class Comparator:
+    name: str
+    time: float
+
+
+@dataclass
+class ShapeSeries:
+    """One bench shape over the accepted commits."""
+
+    shape: str
+    flops: float | None
+    bytes: float | None
+    labels: list[str] = field(default_factory=list)  # "base", "#3", ...
+    times: list[float] = field(default_factory=list)
+    comparators: list[Comparator] = field(default_factory=list)
+    bound: float | None = None  # roofline time: max(flops / peak FLOP/s, bytes / peak B/s)
+
+
+@dataclass
+class ToolCallView:
+    name: str
+    ok: bool
+    duration_s: float
+    input: Any
+    output: str
+    event: str | None = None
+
+
+@dataclass
+class TurnView:
+    turn: int
+    text: str
+    cost_usd: float
+    stop_reason: str | None
+    tool_calls: list[ToolCallView] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunView:
+    run_id: str
+    dir: Path
+    task: str
+    policy: str
+    started: str
+    device: str
+    device_kind: str
+    driver: str | None
+    compiler: str | None
+    torch: str | None
+    branch: str
+    base_commit: str
+    budget: dict[str, Any]
+    model: str | None
+    cost_usd: float | None
+    turns: int
+    state: str  # running | ended: <reason>
+    compute_unit: str
+    peak_flops: float | None
+    peak_bytes: float | None
+    peak_source: str
+    attempts: list[AttemptView]
+    baseline_kernels: list[KernelFigures]
+    series: list[ShapeSeries]
+    transcript: list[TurnView]
+    notes: str
+    events: int
+    torn: bool
+
+    @property
+    def accepted(self) -> list[AttemptView]:
+        return [a for a in self.attempts if a.verdict == "accepted"]
+
+    @property
+    def best_speedup(self) -> float:
+        acc = self.accepted
+        return acc[-1].level if acc and acc[-1].level else 1.0
+
+    def best_kernels(self) -> list[KernelFigures]:
+        """ptxas/SASS figures of the current best: the last accepted attempt's build, else the baseline's."""
+        for a in reversed(self.accepted):
+            if a.kernels:
+                return a.kernels
+        return self.baseline_kernels
+
+
+# ---- reading ------------------------------------------------------------------------------------
+
+def _kernels(figures: dict) -> list[KernelFigures]:
+    build = figures.get("build") or {}
+    sass = figures.get("sass") or {}
+    out, used = [], set()
+    for k in build.get("kernels") or []:
+        name = k.get("name") or k.get("mangled") or "?"
+        key = next((x for x in (k.get("mangled"), name) if x in sass), None)  # the gate keys SASS by mangled name
+        used.add(key)
+        s = sass.get(key) or {}
+        out.append(KernelFigures(
+            name=name, registers=k.get("registers"), spill_store=k.get("spill_store_bytes", 0) or 0,
+            spill_load=k.get("spill_load_bytes", 0) or 0, smem=k.get("smem_bytes", 0) or 0, stack=k.get("stack_bytes", 0) or 0,
+            sass_total=s.get("total"), sass_families=dict(s.get("families") or {}), sass_memory=dict(s.get("memory") or {}),
+        ))
+    for key, s in sass.items():  # SASS of a kernel ptxas did not list (should not happen; shown anyway)
+        if key not in used and isinstance(s, dict):
+            out.append(KernelFigures(name=s.get("kernel") or key, sass_total=s.get("total"), sass_families=dict(s.get("families") or {}),
+                                     sass_memory=dict(s.get("memory") or {})))
+    return out
+
+
+def _manifest(run_dir: Path) -> dict:
+    path = run_dir / "trusted" / "task.toml"
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def _peaks(device: dict | None, compute_unit: str) -> tuple[float | None, float | None, str]:
+    key = device_key(device)
+    if key is None:
+        return None, None, "no peak rates known for this device"
+    peaks = PEAKS[key]
+    unit = peaks.get(compute_unit) or peaks["fp32"]
+    return unit[0], peaks["bytes"][0], f"{key} {compute_unit} {unit[0] / 1e12:.0f} TFLOP/s ({unit[1]}), " \
+                                        f"{peaks['bytes'][0] / 1e12:.2f} TB/s ({peaks['bytes'][1]})"
+
+
+def _read_patch(run_dir: Path, rel: str | None, number: int) -> tuple[str, bool]:
+    path = run_dir / (rel or f"{rec.ATTEMPTS}/{number:03d}.patch")
+    try:
+        if path.resolve().parent != (run_dir / rec.ATTEMPTS).resolve():
+            return f"(patch path {rel!r} is outside the record's attempts folder; not shown)", False
+        text = path.read_bytes().decode(rec.ENCODING, "replace")
+    except OSError:
+        return "", False
+    if len(text) > PATCH_LIMIT:
+        return text[:PATCH_LIMIT], True
+    return text, False
+
+
+def load_view(run_dir: Path) -> RunView:
+    """The view of the run record in `run_dir` (RecordError when it cannot be read)."""
+    run_dir = Path(run_dir)
+    record = rec.RunRecord.open(run_dir)
+    info = record.info
+    events, torn = record.read()
+    manifest = _manifest(run_dir)
+    compute_unit = manifest.get("compute_unit", "fp32")
+
+    baseline: dict = {}
+    by_no: dict[int, AttemptView] = {}
+    transcript: list[TurnView] = []
+    turns_by_no: dict[int, TurnView] = {}
+    cost, state = None, "running"
+    for ev in events:
+        if isinstance(ev, rec.Baseline):
+            baseline = ev.figures
+        elif isinstance(ev, rec.AttemptStarted):
+            patch, cut = _read_patch(run_dir, ev.patch, ev.attempt)
+            by_no[ev.attempt] = AttemptView(ev.attempt, ev.title, ev.rationale, dict(ev.knobs), patch=patch,
+                                            patch_truncated=cut, started=ev.t.strftime("%H:%M:%S"))
+        elif isinstance(ev, rec.Verdict) and ev.attempt in by_no:
+            a, f = by_no[ev.attempt], ev.figures
+            a.stage = f.get("stage") or ("accepted" if ev.accepted else "")
+            a.verdict = "accepted" if ev.accepted else ("interrupted" if a.stage == "interrupted" else "rejected")
+            a.reason, a.seconds = ev.reason, f.get("seconds")
+            a.speedup, a.lo, a.hi = f.get("speedup"), f.get("speedup_lo"), f.get("speedup_hi")
+            a.shapes = [ShapeTiming(s["shape"], s["time_a"], s["time_b"], s["speedup"], s["speedup_lo"], s["speedup_hi"],
+                                    s.get("pairs", 0)) for s in (f.get("ab") or {}).get("shapes", [])]
+            a.kernels = _kernels(f)
+        elif isinstance(ev, rec.Committed) and ev.attempt in by_no:
+            by_no[ev.attempt].commit = ev.commit
+        elif isinstance(ev, rec.LlmTurn):
+            t = TurnView(ev.turn, ev.text, ev.cost_usd, ev.stop_reason)
+            transcript.append(t)
+            turns_by_no[ev.turn] = t
+            if ev.total_cost_usd is not None:
+                cost = ev.total_cost_usd
+        elif isinstance(ev, rec.ToolCall):
+            t = turns_by_no.get(ev.turn) if ev.turn is not None else None
+            if t is None:
+                t = TurnView(ev.turn or 0, "", 0.0, None)
+                transcript.append(t)
+                turns_by_no[t.turn] = t
+            t.tool_calls.append(ToolCallView(ev.name, ev.ok, ev.duration_s, ev.input, ev.text or (ev.error or ""), ev.event))
+        elif isinstance(ev, rec.Note) and (ev.data or {}).get("source") == "llm":
+            t = turns_by_no.get((ev.data or {}).get("turn"))
+            if t is not None:
+                t.notes.append(ev.text)
+        elif isinstance(ev, rec.PolicyStop):
+            cost = ev.cost_usd if ev.cost_usd else cost
+        elif isinstance(ev, rec.SessionEnded):
+            state = f"ended: {ev.reason}"
+        elif isinstance(ev, rec.SessionStarted):
+            state = "running"
+    attempts = [by_no[k] for k in sorted(by_no)]
+    if state == "running" and attempts and attempts[-1].verdict == "pending":
+        state = f"running: the gate is judging attempt {attempts[-1].number}"
+    level = 1.0
+    for a in attempts:  # the staircase: accepted speedups compound
+        if a.verdict == "accepted" and a.speedup:
+            level *= a.speedup
+            a.level = level
+        elif a.speedup:
+            a.level = level * a.speedup
+
+    device = baseline.get("device") or info.machine or {}
+    peak_flops, peak_bytes, peak_source = _peaks(device, compute_unit)
+    series = _series(baseline, attempts, peak_flops, peak_bytes)
+    cfg = info.config or {}
+    notes_path = run_dir / "notes.md"
+    try:
+        notes = notes_path.read_text(errors="replace") if notes_path.is_file() else ""
+    except OSError:
+        notes = ""
+    return RunView(
+        run_id=info.run_id, dir=run_dir, task=info.task, policy=info.policy,
+        started=info.started_at.strftime("%Y-%m-%d %H:%M UTC"), device=device.get("name") or info.gpu or "?",
+        device_kind=device.get("kind", "?"), driver=info.versions.driver, compiler=info.versions.compiler,
+        torch=info.versions.torch, branch=info.branch, base_commit=info.base_commit,
+        budget={k: v for k, v in (cfg.get("budget") or {}).items() if v is not None}, model=cfg.get("model"),
+        cost_usd=cost, turns=len([t for t in transcript if t.text or t.stop_reason]), state=state,
+        compute_unit=compute_unit, peak_flops=peak_flops, peak_bytes=peak_bytes, peak_source=peak_source,
+        attempts=attempts, baseline_kernels=_kernels(baseline), series=series, transcript=transcript, notes=notes,
+        events=len(events), torn=torn is not None,
+    )
+
+
+def _series(baseline: dict, attempts: list[AttemptView], peak_flops: float | None, peak_bytes: float | None) -> list[ShapeSeries]:
+    by_shape: dict[str, ShapeSeries] = {}
+    for s in (baseline.get("bench") or {}).get("shapes", []):
+        ss = ShapeSeries(s["shape"], s.get("flops"), s.get("bytes"))
+        kernel = s.get("kernel") or {}
+        if kernel.get("median"):
+            ss.labels.append("base")
+            ss.times.append(kernel["median"])
+        ss.comparators = [Comparator(name, t["median"]) for name, t in (s.get("comparators") or {}).items() if t.get("median")]
+        bounds = [x for x in ((ss.flops / peak_flops) if ss.flops and peak_flops else None,
+                              (ss.bytes / peak_bytes) if ss.bytes and peak_bytes else None) if x]
+        ss.bound = max(bounds) if bounds else None
+        by_shape[ss.shape] = ss
+    for a in attempts:
+        if a.verdict != "accepted":
+            continue
+        for st in a.shapes:
+            ss = by_shape.setdefault(st.shape, ShapeSeries(st.shape, None, None))
+            if not ss.times:  # no baseline bench: start from the paired run's best
+                ss.labels.append("base")
+                ss.times.append(st.time_best)
+            ss.labels.append(f"#{a.number}")
+            ss.times.append(st.time_cand)
+    return list(by_shape.values())
+
+
+# ---- deltas against the best --------------------------------------------------------------------
+
+@dataclass
+class KernelDelta:
+    kernel: str
+    rows: list[tuple[str, Any, Any]]  # (figure, attempt's value, best's value), only those that differ or matter
+
+
+def kernel_deltas(attempt: AttemptView, best: list[KernelFigures]) -> list[KernelDelta]:
+    """Per kernel: registers, spills, shared memory, stack and SASS families of the attempt vs the best."""
+    by_name = {k.name: k for k in best}
+    out = []
+    for k in attempt.kernels:
+        b = by_name.get(k.name)
+        rows: list[tuple[str, Any, Any]] = [
+            ("registers", k.registers, b.registers if b else None),
+            ("spill stores B", k.spill_store, b.spill_store if b else None),
+            ("spill loads B", k.spill_load, b.spill_load if b else None),
+            ("shared B", k.smem, b.smem if b else None),
+            ("stack B", k.stack, b.stack if b else None),
+        ]
+        if k.sass_total is not None:
+            rows.append(("SASS instructions", k.sass_total, b.sass_total if b else None))
+            fams = list(dict.fromkeys(list(k.sass_families) + list(b.sass_families if b else {})))
+            rows += [(f"SASS {f}", k.sass_families.get(f, 0), (b.sass_families.get(f, 0) if b else None)) for f in fams]
+            mem = list(dict.fromkeys(list(k.sass_memory) + list(b.sass_memory if b else {})))
+            rows += [(f"SASS {m}", k.sass_memory.get(m, 0), (b.sass_memory.get(m, 0) if b else None)) for m in mem]
+        out.append(KernelDelta(k.name, rows))
+    return out
+
+
+# ---- the list of runs ---------------------------------------------------------------------------
+
+@dataclass
+class RunRow:
+    """One line of `kloop serve`'s run list: the record's summary plus the compounded speedup and device."""
+
+    name: str  # the run's folder (what URLs name)
+    summary: rec.RunSummary
+    device: str = ""
+    speedup: float | None = None  # compounded over accepted attempts (what the report calls "over the baseline")
+    pending: int | None = None  # the attempt being judged, if any
+
+
+def run_rows(runs_root: Path) -> list[RunRow]:
+    """The run folders under `runs_root` (those holding a run.json), newest first."""
+    root = Path(runs_root)
+    dirs = sorted((p for p in root.iterdir() if p.is_dir() and (p / rec.RUN_JSON).is_file()), reverse=True) if root.is_dir() else []
+    rows = []
+    for d in dirs:
+        try:
+            record = rec.RunRecord.open(d)
+        except rec.RecordError as exc:
+            rows.append(RunRow(d.name, rec.RunSummary(run_id=d.name, error=str(exc))))
+            continue
+        s = rec.summarize(record)
+        row = RunRow(d.name, s)
+        rows.append(row)
+        if s.error is not None:
+            continue
+        events, _ = record.read()
+        device = record.info.machine or {}
+        row.device = device.get("name") or record.info.gpu or ""
+        level, judged, open_attempt = 1.0, set(), None
+        for ev in events:
+            if isinstance(ev, rec.Verdict):
+                judged.add(ev.attempt)
+                sp = ev.figures.get("speedup")
+                if ev.accepted and isinstance(sp, (int, float)):
+                    level *= sp
+            elif isinstance(ev, rec.AttemptStarted):
+                open_attempt = ev.attempt
+        row.speedup = level if s.accepted else None
+        row.pending = open_attempt if open_attempt is not None and open_attempt not in judged and not s.ended else None
+    return rows

@@ -1,0 +1,418 @@
+"""`kloop report`, `kloop serve` and `kloop compare` on real records, checked in a real headless browser.
+
+Records: a CPU session made here (the tuner on a copy of kernels/matmul_cpu in a temp git repo) and
+a recorded H200 session kept as a fixture (tests/fixtures/softmax_h200, see its README). The browser
+is the system's Chromium (`apt-get install chromium`) driven by Playwright; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from agent.cli import app
+from agent.gate import GateConfig
+from agent.policies.base import Budget
+from agent.policies.tuner import TunerPolicy
+from agent.records import RunRecord
+from agent.run_view import load_view
+from agent.session import Session
+from tests.test_gate_session import make_repo
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "softmax_h200"
+CHROMIUM = os.environ.get("KLOOP_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+NO_BROWSER = f"no Chromium at {CHROMIUM}: apt-get install chromium (CI installs it in .ci/run)"
+REQUIRED = os.environ.get("KLOOP_REQUIRE_BROWSER") == "1"  # set by .ci/run: there, a missing browser is a failure
+
+pytestmark = pytest.mark.slow
+needs_browser = pytest.mark.skipif(not Path(CHROMIUM).is_file() and not REQUIRED, reason=NO_BROWSER)
+
+
+# ---- records ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory) -> Path:
+    """A runs folder holding a fresh CPU session (tuner, at most 2 attempts) and the H200 fixture."""
+    tmp = tmp_path_factory.mktemp("web")
+    repo = make_repo(tmp)
+    session = Session.start(repo / "kernels" / "matmul_cpu", "tuner", Budget(max_attempts=2), runs_root=tmp / "runs",
+                            gate_config=GateConfig(max_seconds=1.0, min_pairs=8))
+    session.run(TunerPolicy(seconds_per_shape=0.1, console=Console(file=open(tmp / "tuner.log", "w"))))
+    shutil.copytree(FIXTURE, tmp / "runs" / "20261129-101500-softmax-h200")
+    return tmp / "runs"
+
+
+@pytest.fixture(scope="module")
+def cpu_run(runs_root) -> Path:
+    return next(p for p in runs_root.iterdir() if "matmul-cpu" in p.name)
+
+
+@pytest.fixture(scope="module")
+def gpu_run(runs_root) -> Path:
+    return runs_root / "20261129-101500-softmax-h200"
+
+
+def expected_points(run_dir: Path) -> dict[str, int]:
+    """Markers each plot must draw, counted from the record (not from the renderer)."""
+    v = load_view(run_dir)
+    shapes = sum(len(s.times) * (2 if (s.bytes or s.flops) else 1) for s in v.series if s.times)
+    roof = sum((1 + (len(s.times) > 1) + len(s.comparators)) for s in v.series if s.flops and s.bytes and s.times)
+    return {"progress": len(v.attempts), "shapes": shapes, "roofline": roof}
+
+
+# ---- the browser --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).is_file():
+        (pytest.fail if REQUIRED else pytest.skip)(NO_BROWSER)
+    if REQUIRED:
+        import playwright.sync_api as sync_api
+    else:
+        sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the [test] extra)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A page that records console errors, page errors, dialogs and every request it makes."""
+
+    def __init__(self, browser):
+        self.page = browser.new_page(viewport={"width": 1300, "height": 900})
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+
+        def dialog(d):
+            self.dialogs.append(d.message)
+            d.dismiss()
+
+        self.page.on("dialog", dialog)
+
+    def open(self, url: str) -> "Page":
+        self.page.goto(url)
+        self.page.wait_for_selector("#body")
+        self.page.wait_for_load_state("load")
+        self.page.wait_for_timeout(300)
+        return self
+
+    def points(self, plot: str) -> int:
+        return self.page.locator(f"#plot-{plot} path.point").count()
+
+    def close(self) -> None:
+        self.page.close()
+
+
+def check_report_page(p: Page, run_dir: Path) -> None:
+    v = load_view(run_dir)
+    want = expected_points(run_dir)
+    for plot, n in want.items():
+        if n:
+            p.page.wait_for_selector(f"#plot-{plot} svg.main-svg")
+            assert p.points(plot) == n, (plot, p.points(plot), n)
+    assert p.page.locator("tr.attempt").count() == len(v.attempts)
+    assert v.device in p.page.inner_text("div.header")
+    # clicking an attempt opens its diff (and only then)
+    for a in v.attempts:
+        detail = p.page.locator(f"#attempt-{a.number}")
+        assert not detail.is_visible()
+        p.page.click(f'tr.attempt[data-n="{a.number}"]')
+        assert detail.is_visible()
+        changed = [l for l in a.patch.splitlines() if l.startswith("+") and not l.startswith("+++")]
+        if changed:
+            assert changed[-1] in detail.locator("pre.diff").inner_text()
+        else:
+            assert "empty patch" in detail.inner_text()
+        p.page.click(f'tr.attempt[data-n="{a.number}"]')
+        assert not detail.is_visible()
+    assert p.errors == [] and p.dialogs == []
+
+
+# ---- kloop report -------------------------------------------------------------------------------
+
+def write_report(run_dir: Path, out: Path) -> Path:
+    res = CliRunner().invoke(app, ["report", str(run_dir), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@needs_browser
+def test_report_of_a_cpu_session_renders_offline(browser, cpu_run, tmp_path):
+    v = load_view(cpu_run)
+    assert v.attempts and v.series and v.device_kind == "cpu"
+    out = write_report(cpu_run, tmp_path / "cpu.html")
+    p = Page(browser).open(out.as_uri())
+    check_report_page(p, cpu_run)
+    # self-contained: the file loads nothing (the CSP would refuse it anyway)
+    assert [u for u in p.requests if not u.startswith("file:")] == []
+    assert "SASS instruction mix: not" not in p.page.inner_text("#body")  # a CPU task has no kernels table at all
+    p.close()
+
+
+@needs_browser
+def test_report_of_the_h200_fixture(browser, gpu_run, tmp_path):
+    out = write_report(gpu_run, tmp_path / "gpu.html")
+    p = Page(browser).open(out.as_uri())
+    check_report_page(p, gpu_run)
+    text = p.page.inner_text("#body")
+    assert "NVIDIA H200, driver 580.159.04" in text and "nvcc 13.0" in text and "$1.05" in text
+    # rejected attempts are coloured by the stage that rejected them
+    legend = p.page.locator("#plot-progress g.legend").text_content()
+    for stage in ("rejected: timing", "rejected: check", "rejected: build"):
+        assert stage in legend
+    # per-shape panels: comparator and roofline lines are labelled with their times
+    shapes_text = p.page.locator("#plot-shapes").text_content()
+    assert "torch.softmax 829.5 µs" in shapes_text and "roofline" in shapes_text
+    # attempt 3's registers against the best (40 -> 168) and the SASS mix deltas are shown
+    p.page.click('tr.attempt[data-n="3"]')
+    delta = p.page.locator("#attempt-3 table.delta").inner_text()
+    assert "registers\t168\t40\t+128" in delta
+    p.page.click('tr.attempt[data-n="1"]')
+    d1 = p.page.locator("#attempt-1 table.delta").inner_text()
+    assert "SASS LDG.128\t12\t14\t-2" in d1 and "SASS instructions\t1236\t1402\t-166" in d1
+    # the transcript: one folded tool call per recorded call; a click unfolds its input and output
+    calls = [json.loads(l) for l in (gpu_run / "events.jsonl").read_text().splitlines()]
+    tool_calls = [e for e in calls if e["kind"] == "tool_call"]
+    tools = p.page.locator("details.tool")
+    assert tools.count() == len(tool_calls)
+    first = tools.nth(0)
+    assert not first.locator("pre").first.is_visible()
+    first.locator("summary").click()
+    assert tool_calls[0]["text"][:30] in first.inner_text()
+    assert "notes" in p.page.locator("h2", has_text="Notes").inner_text().lower()
+    assert "shared-memory staging" in text.lower()
+    assert p.errors == [] and [u for u in p.requests if not u.startswith("file:")] == []
+    p.close()
+
+
+@needs_browser
+def test_agent_text_is_shown_never_run(browser, gpu_run, tmp_path):
+    """Titles, reasons, patches, notes and tool output come from the agent: shown as text, never executed."""
+    run = tmp_path / gpu_run.name
+    shutil.copytree(gpu_run, run)
+    evil = '<img src=x onerror="alert(1)"><script>alert(2)</script>'
+    rec = RunRecord.open(run)
+    path = rec.write_patch(6, "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+</script><script>alert(3)</script>\n")
+    rec.log("attempt_started", attempt=6, title=evil, rationale=evil, patch=str(path.relative_to(run)))
+    rec.log("verdict", attempt=6, accepted=False, reason=evil, figures={"stage": "check"})
+    rec.log("tool_call", turn=5, name="notes", input={"append": evil}, text=evil)
+    (run / "notes.md").write_text(f"{evil}\n\n[click](javascript:alert(4))\n")
+    p = Page(browser).open(write_report(run, tmp_path / "evil.html").as_uri())
+    p.page.click('tr.attempt[data-n="6"]')
+    p.page.locator("details.tool").last.locator("summary").click()
+    p.page.wait_for_timeout(300)
+    assert p.dialogs == [] and p.errors == []
+    assert p.page.locator("#body script:not([type='application/json'])").count() == 0
+    assert p.page.locator("#body img").count() == 0
+    assert evil in p.page.locator('tr.attempt[data-n="6"]').inner_text()
+    assert p.page.locator("a[href^='javascript']").count() == 0
+    p.close()
+
+
+# ---- kloop serve --------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(runs: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "serve", "--runs", str(runs), "--port", str(port), *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"kloop serve exited: {proc.stdout.read()}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/static/plotly.min.js", timeout=2).close()
+            return proc, port
+        except urllib.error.HTTPError:  # up, but wants a token
+            return proc, port
+        except OSError:
+            time.sleep(0.3)
+    stop_server(proc)
+    raise AssertionError("kloop serve did not start in 90 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(runs_root):
+    proc, port = start_server(runs_root)
+    yield f"http://127.0.0.1:{port}"
+    stop_server(proc)
+
+
+@needs_browser
+def test_serve_lists_runs_and_shows_reports(browser, server, cpu_run, gpu_run):
+    p = Page(browser).open(server + "/")
+    rows = p.page.locator("tr.run")
+    assert rows.count() == 2
+    assert "x1.659" in p.page.locator(f'tr.run[data-run="{gpu_run.name}"]').inner_text()  # compounded, as in the report
+    p.page.click(f"a[href='runs/{gpu_run.name}']")
+    p.page.wait_for_selector("#plot-progress svg.main-svg")
+    check_report_page(p, gpu_run)
+    # every request stayed on this server
+    assert all(u.startswith(server) for u in p.requests), p.requests
+    p.close()
+
+
+@needs_browser
+def test_live_view_picks_up_a_new_attempt(browser, server, cpu_run):
+    """The page listens to the record: an attempt appended by the session shows within seconds,
+    first as being judged, then with its verdict."""
+    p = Page(browser).open(f"{server}/runs/{cpu_run.name}")
+    expect = pytest.importorskip("playwright.sync_api").expect
+    expect(p.page.locator("#live-state")).to_contain_text("events", timeout=15000)  # the stream is connected
+    before = p.page.locator("tr.attempt").count()
+    points = p.points("progress")
+    rec = RunRecord.open(cpu_run)
+    n = before + 1
+    patch = rec.write_patch(n, "--- a/kernels/matmul_cpu/knobs.toml\n+++ b/kernels/matmul_cpu/knobs.toml\n@@ -1 +1 @@\n-TILE = 0\n+TILE = 64\n")
+    t0 = time.monotonic()
+    rec.log("attempt_started", attempt=n, title="Tune knobs: TILE=64 (live)", patch=str(patch.relative_to(cpu_run)), knobs={"TILE": 64})
+    row = p.page.locator(f'tr.attempt[data-n="{n}"]')
+    row.wait_for(timeout=10000)  # "within a few seconds", on a machine shared by many jobs
+    seen = time.monotonic() - t0
+    assert "pending" in row.inner_text()
+    rec.log("verdict", attempt=n, accepted=False, reason="not measurably faster: speedup x0.9,", figures={
+        "stage": "timing", "speedup": 0.9, "speedup_lo": 0.88, "speedup_hi": 0.92})
+    expect(p.page.locator(f'tr.attempt[data-n="{n}"]')).to_contain_text("rejected", timeout=10000)
+    expect(p.page.locator("#plot-progress path.point")).to_have_count(points + 1, timeout=10000)
+    p.page.click(f'tr.attempt[data-n="{n}"]')
+    assert "+TILE = 64" in p.page.locator(f"#attempt-{n} pre.diff").inner_text()
+    assert p.errors == [], p.errors
+    assert seen < 10
+    p.close()
+
+
+def http(url: str, headers: dict | None = None) -> tuple[int, dict, str]:
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *a, **k):
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=30) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read().decode()
+
+
+def test_serve_is_read_only_and_stays_in_its_folder(server, gpu_run):
+    assert http(f"{server}/runs/{gpu_run.name}")[0] == 200
+    for bad in ("..%2F..%2Fetc%2Fpasswd", "..", "_worktrees", "nope"):
+        assert http(f"{server}/runs/{bad}/body")[0] == 404
+    req = urllib.request.Request(f"{server}/runs/{gpu_run.name}", method="POST", data=b"")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 405
+    # bound to loopback, it answers only to loopback names (a rebinding page's Host is refused)
+    assert http(f"{server}/", {"Host": "attacker.example:80"})[0] == 421
+    assert http(f"{server}/", {"Host": "localhost"})[0] == 200
+    status, headers, body = http(f"{server}/runs/{gpu_run.name}/report.html")
+    assert status == 200 and "attachment" in headers["content-disposition"] and "Content-Security-Policy" in body
+
+
+def test_serve_off_loopback_requires_its_token(runs_root, gpu_run):
+    proc, port = start_server(runs_root, "--host", "0.0.0.0", "--token", "s3cret-token-for-the-test")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for path in ("/", f"/runs/{gpu_run.name}", f"/runs/{gpu_run.name}/stream", "/static/plotly.min.js"):
+            assert http(base + path)[0] == 401
+        assert http(base + "/?token=wrong")[0] == 401
+        status, headers, _ = http(base + f"/runs/{gpu_run.name}?token=s3cret-token-for-the-test")
+        assert status == 303 and headers["location"] == f"/runs/{gpu_run.name}"  # the token leaves the address bar
+        cookie = headers["set-cookie"].split(";")[0]
+        assert "httponly" in headers["set-cookie"].lower() and "samesite=strict" in headers["set-cookie"].lower()
+        assert http(base + f"/runs/{gpu_run.name}", {"Cookie": cookie})[0] == 200
+        assert http(base + "/", {"Authorization": "Bearer s3cret-token-for-the-test"})[0] == 200
+        status, headers, _ = http(base + "//evil.example/?token=s3cret-token-for-the-test")
+        assert status == 303 and headers["location"] == "/evil.example/"  # never an off-site redirect
+    finally:
+        stop_server(proc)
+
+
+def test_serve_off_loopback_without_a_token_makes_one(runs_root):
+    proc, port = start_server(runs_root, "--host", "0.0.0.0")
+    try:
+        assert http(f"http://127.0.0.1:{port}/")[0] == 401
+    finally:
+        stop_server(proc)
+    out = proc.stdout.read()
+    assert "?token=" in out and len(out.split("?token=")[1].split()[0]) >= 24
+
+
+# ---- kloop compare ------------------------------------------------------------------------------
+
+@needs_browser
+def test_compare_two_runs(browser, cpu_run, gpu_run, tmp_path):
+    out = tmp_path / "cmp.html"
+    res = CliRunner().invoke(app, ["compare", str(gpu_run), str(cpu_run), "-o", str(out)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "NVIDIA H200" in res.output and "AMD" in res.output or "cpu" in res.output.lower()
+    assert "Vectorise global accesses: VEC=8" in res.output and "x1.5018" in res.output
+    p = Page(browser).open(out.as_uri())
+    assert p.page.locator("#plot-compare g.trace.scatter").count() == 2
+    assert p.errors == []
+    p.close()
+
+
+def test_compare_matches_replayed_attempts_by_patch(gpu_run, tmp_path):
+    """The same attempts recorded twice (a replay on another machine) line up row by row."""
+    from agent.report_html import compare_rows
+
+    other = tmp_path / "replayed"
+    shutil.copytree(gpu_run, other)
+    info = json.loads((other / "run.json").read_text())
+    info["run_id"] = "replayed"
+    (other / "run.json").write_text(json.dumps(info))
+    rows = compare_rows([load_view(gpu_run), load_view(other)])
+    assert len(rows) == 5 and all(a is not None and b is not None and a.number == b.number for a, b in (r["cells"] for r in rows))
+
+
+@needs_browser
+def test_report_of_a_record_that_has_just_started(browser, gpu_run, tmp_path):
+    """A session killed before its baseline (a torn last line, no notes) still reports what there is."""
+    run = tmp_path / gpu_run.name
+    shutil.copytree(gpu_run, run)
+    lines = (run / "events.jsonl").read_text().splitlines()
+    (run / "events.jsonl").write_text(lines[0] + "\n" + lines[1][:80])
+    (run / "notes.md").unlink()
+    p = Page(browser).open(write_report(run, tmp_path / "early.html").as_uri())
+    text = p.page.inner_text("#body")
+    assert "incomplete line" in text and "no attempts yet" in text and "no notes" in text
+    assert p.points("progress") == 0 and p.errors == []
+    p.close()
