@@ -201,13 +201,21 @@ class Gate:
         return done(self.judge_built(built, best))
 
     def judge_built(self, built: BuildResult, best: BuildResult | None) -> Verdict:
-        """The runtime layers on a built library: check in a runner, then (against `best`) paired timing."""
+        """The runtime layers on a built library, in ONE judge process: check in the candidate's runner,
+        then (against `best`, whose runner starts meanwhile) paired timing."""
         check_seed = secrets.randbits(62)
-        req = WorkerRequest(kind="check", task_dir=str(self.trusted_dir), libs=[built.lib],
-                            shapes=[s.name for s in self.task.check_shapes], seed=check_seed,
-                            rounds=self.config.check_rounds)
-        res = run_worker(req, timeout=self.task.manifest.timeout_s)
-        if not res.ok or res.check is None:
+        check_shapes = [s.name for s in self.task.check_shapes]
+        if best is None:
+            req = WorkerRequest(kind="check", task_dir=str(self.trusted_dir), libs=[built.lib], shapes=check_shapes,
+                                seed=check_seed, rounds=self.config.check_rounds)
+            res = run_worker(req, timeout=self.task.manifest.timeout_s)
+        else:
+            timing_seed = secrets.randbits(62)
+            req = self.ab_request(best.lib, built.lib, timing_seed).model_copy(update={
+                "kind": "gate", "seed": check_seed, "timing_seed": timing_seed, "check_shapes": check_shapes,
+                "rounds": self.config.check_rounds})
+            res = run_worker(req, timeout=2 * self.task.manifest.timeout_s + 4 * self.config.max_seconds + 60)
+        if res.check is None:
             return Verdict(accepted=False, stage="check", build=built, device=res.device, check_seed=check_seed,
                            reason=f"check did not complete: {res.error}")
         if not res.check.passed:
@@ -217,13 +225,17 @@ class Gate:
         if best is None:
             return Verdict(accepted=True, stage="accepted", build=built, check=res.check, device=res.device,
                            check_seed=check_seed, reason="baseline passes its check")
-        return self.decide(built, best, res.check, check_seed)
+        return self._timed_verdict(res, built, best, res.check, check_seed, timing_seed)
 
     def decide(self, built: BuildResult, best: BuildResult, check: CheckReport, check_seed: int) -> Verdict:
-        """Paired timing in a fresh worker, then `judge`."""
+        """Paired timing alone in a fresh judge, then `judge`."""
         m = self.task.manifest
         timing_seed = secrets.randbits(62)
         res = run_worker(self.ab_request(best.lib, built.lib, timing_seed), timeout=m.timeout_s + 4 * self.config.max_seconds + 60)
+        return self._timed_verdict(res, built, best, check, check_seed, timing_seed)
+
+    def _timed_verdict(self, res, built: BuildResult, best: BuildResult, check, check_seed: int, timing_seed: int) -> Verdict:
+        m = self.task.manifest
         common = dict(build=built, check=check, device=res.device, check_seed=check_seed, timing_seed=timing_seed)
         if not res.ok or res.ab is None:
             return Verdict(accepted=False, stage="timing", reason=f"timing did not complete: {res.error}",

@@ -156,11 +156,13 @@ class ABReport(BaseModel):
 # ---- the envelope -------------------------------------------------------------------------------
 
 class WorkerRequest(BaseModel):
-    kind: Literal["check", "bench", "ab", "probe"]
+    kind: Literal["check", "bench", "ab", "gate", "probe"]  # gate: check the candidate, then (if it passes) ab
     task_dir: str  # trusted manifest + spec come from here
-    libs: list[str] = Field(default_factory=list)  # check/bench: [lib]; ab: [best, candidate]
+    libs: list[str] = Field(default_factory=list)  # check/bench: [lib]; ab and gate: [best, candidate]
     shapes: list[str] = Field(default_factory=list)
+    check_shapes: list[str] = Field(default_factory=list)  # gate: the shapes to check (shapes: to time)
     seed: int = 0
+    timing_seed: int = 0  # gate: the seed of the timing (seed is the check's)
     rounds: int = 2  # check: calls per shape, later ones reuse the buffers with fresh values
     comparators: bool = True
     max_seconds: float = 4.0  # bench: per shape; ab: timing for the whole decision

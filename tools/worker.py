@@ -39,7 +39,8 @@ def serve(req: WorkerRequest) -> WorkerResult:
     device = torch.device("cuda" if task.target == "cuda" else "cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         return WorkerResult(ok=False, error="this task needs a CUDA GPU and none is visible here")
-    names = {"check": ["cand"], "bench": ["cand"] if req.libs else [], "ab": ["best", "cand"]}.get(req.kind, [])
+    names = {"check": ["cand"], "bench": ["cand"] if req.libs else [], "ab": ["best", "cand"],
+             "gate": ["best", "cand"]}.get(req.kind, [])
     with tempfile.TemporaryDirectory(prefix="kloop-judge-") as scratch:
         runners = start_runners(names, Path(scratch))  # their torch import overlaps ours below
         arena = SharedArena(device)
@@ -57,35 +58,41 @@ def serve(req: WorkerRequest) -> WorkerResult:
                     lib.load(task.spec_path, path, LOAD_TIMEOUT_S)
             except RunnerError as exc:
                 return WorkerResult(ok=False, device=info, error=f"the library did not load: {exc}")
-            if req.kind == "check":
+            if req.kind in ("check", "gate"):
                 from tools.check import check_in_process
 
                 def relaunch():  # a fresh runner with the same library (fault diagnosis)
                     r = start_runners([f"diagnose{len(runners)}"], Path(scratch))
                     runners.update(r)
                     lib = RemoteLib(next(iter(r.values())), arena, device, timer, call_timeout(task))
-                    lib.load(task.spec_path, req.libs[0], LOAD_TIMEOUT_S)
+                    lib.load(task.spec_path, cand_lib, LOAD_TIMEOUT_S)
                     return lib
 
-                report = check_in_process(task, spec, libs[0], req.shapes, req.seed, req.rounds, device, arena, relaunch)
-                return WorkerResult(ok=True, device=info, check=report)
+                cand_lib = req.libs[-1]
+                report = check_in_process(task, spec, libs[-1], req.check_shapes or req.shapes, req.seed, req.rounds,
+                                          device, arena, relaunch)
+                if req.kind == "check" or not report.passed:
+                    return WorkerResult(ok=True, device=info, check=report)
+                check = report
             if req.kind == "bench":
                 from tools.bench import bench_in_process
 
                 report = bench_in_process(task, spec, libs[0] if libs else None, req.shapes, req.seed, device,
                                           req.max_seconds, req.comparators, arena, timer)
                 return WorkerResult(ok=True, device=info, bench=report)
-            if req.kind == "ab":
+            if req.kind in ("ab", "gate"):
                 from tools.ab import ab_in_process
 
+                seed = req.timing_seed if req.kind == "gate" else req.seed
+                check = check if req.kind == "gate" else None
                 try:
-                    report = ab_in_process(task, spec, libs[0], libs[1], req.shapes, req.seed, device, req.max_seconds,
+                    report = ab_in_process(task, spec, libs[0], libs[1], req.shapes, seed, device, req.max_seconds,
                                            req.min_pairs, req.target_halfwidth, req.min_gain, req.allowances,
                                            req.weights, arena)
                 except RunnerError as exc:
-                    return WorkerResult(ok=False, device=info, error=f"timing stopped: {exc}")
+                    return WorkerResult(ok=False, device=info, check=check, error=f"timing stopped: {exc}")
                 audit = cpu_audit(runners) if device.type == "cpu" else []
-                return WorkerResult(ok=True, device=info, ab=report, warnings=audit)
+                return WorkerResult(ok=True, device=info, check=check, ab=report, warnings=audit)
             return WorkerResult(ok=True, device=info)  # probe
         finally:
             for r in runners.values():
