@@ -137,3 +137,24 @@ def test_runtime_cheat_fools_a_naive_harness_and_not_the_gate(cheat, gate, hones
         assert any(alt in v.reason for alt in w.split("|")), v.summary()
     if cheat == "rt_read_environ":  # passing its check means it never saw the secret (the leak marks C[0])
         assert v.check is not None and v.check.passed, v.summary()
+
+
+def test_forged_answer_on_the_runners_pipe_is_rejected(gate, honest, tmp_path):
+    """A library that finds the runner's reply pipe and answers before the work is done: the answer
+    lacks the request's nonce, the judge stops that runner, and the check fails saying so."""
+    built = build(gate.task, src_root=task_copy(tmp_path, "rt_forge_answer"))
+    assert built.ok, built.error_text()
+    v = gate.judge_built(built, honest)
+    assert not v.accepted and v.stage == "check" and "out of turn" in v.reason, v.summary()
+
+
+def test_candidate_code_never_loads_into_the_judge(gate, honest):
+    """The judge's process never maps a candidate library: it runs in its runner only."""
+    from tools.remote import LibSession
+
+    with LibSession(gate.task, [honest.lib]) as libs:
+        runner = libs.runners["lib0"]
+        assert runner.proc.pid != os.getpid()
+        maps = Path(f"/proc/{runner.proc.pid}/maps").read_text()
+        assert honest.lib in maps
+    assert honest.lib not in Path("/proc/self/maps").read_text()

@@ -109,3 +109,32 @@ def test_gain_with_one_shape_possibly_regressed_is_not_accepted(gate):
 def test_non_finite_speedup_is_undecided(gate):
     v = gate.judge(report(shape("sq192", 1.0, 0.99, 1.01), speedup=math.nan, lo=math.nan, hi=math.nan))
     assert not v.accepted and v.stage == "undecided"
+
+
+def test_time_below_the_physics_floor_is_rejected_as_impossible(gate):
+    s = shape("sq192", 50.0, 48.0, 52.0)  # tb = 20 us
+    s.floor_s = 100e-6
+    v = gate.judge(report(s, speedup=50.0, lo=48.0, hi=52.0))
+    assert not v.accepted and v.stage == "timing" and "faster than physics allows" in v.reason and "sq192" in v.reason
+
+
+def test_floor_above_an_honest_time_changes_nothing(gate):
+    s = shape("sq192", 1.5, 1.45, 1.55)
+    s.floor_s = 1e-6
+    assert gate.judge(report(s, speedup=1.5, lo=1.45, hi=1.55)).accepted
+
+
+def test_best_much_slower_than_its_baseline_is_undecided(gate):
+    s = shape("sq192", 3.0, 2.9, 3.1, ta=1e-3)
+    s.baseline_a = 0.2e-3  # the best read 5x faster when it was accepted
+    v = gate.judge(report(s, speedup=3.0, lo=2.9, hi=3.1))
+    assert not v.accepted and v.stage == "undecided" and "best slower than its baseline" in v.reason
+    s.baseline_a = 0.9e-3  # within the limit: decided as usual
+    assert gate.judge(report(s, speedup=3.0, lo=2.9, hi=3.1)).accepted
+
+
+def test_work_after_return_over_all_timed_calls_is_caught_below_the_probe_bound(gate):
+    s = shape("sq192", 1.3, 1.25, 1.35, ta=2e-3, extra_b=0.3e-3)  # probes alone: under 0.25 x 2 ms
+    s.after_return_a, s.after_return_b = 5e-6, 0.3e-3
+    v = gate.judge(report(s, speedup=1.3, lo=1.25, hi=1.35))
+    assert not v.accepted and "outside the timed region" in v.reason and "after return" in v.reason
