@@ -61,6 +61,7 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
                                                 f"output tail: {_tail(output)}")
         finally:
             _kill_group(proc)  # nothing the kernel forked outlives the evaluation
+            _remove_arenas(proc.pid)
         text = output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
         if not out_path.is_file():
             return WorkerResult(ok=False, error=f"worker {_status(proc.returncode)} without an answer; "
@@ -72,6 +73,18 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
         if proc.returncode != 0 and result.ok:
             return WorkerResult(ok=False, error=f"worker {_status(proc.returncode)} after answering")
         return result
+
+
+ARENA_PREFIX = "kloop-arena-"
+
+
+def _remove_arenas(pid: int) -> None:
+    """Shared-memory buffers of a judge that was killed before it could remove them."""
+    import shutil
+
+    for root in (Path("/dev/shm"), Path(tempfile.gettempdir())):
+        for d in root.glob(f"{ARENA_PREFIX}{pid}-*") if root.is_dir() else []:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _own_group_dies_with_parent() -> None:
@@ -329,7 +342,8 @@ class SharedArena:
         self.device = device
         self.cuda = device.type == "cuda"
         base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-        self.dir = Path(tempfile.mkdtemp(prefix="kloop-arena-", dir=root or base))
+        # named after the judge's pid: run_worker removes what a killed judge left behind
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{ARENA_PREFIX}{os.getpid()}-", dir=root or base))
         self._n = itertools.count()
         self._torch = torch
         self.paths: dict[int, str] = {}  # id(tensor storage) -> file
