@@ -276,6 +276,7 @@ def optimize(
     runs_dir: Optional[Path] = typer.Option(None, help="Where run records go (default: $KLOOP_RUNS, else .kloop/runs of the task's repository)."),
     gate_seconds: float = typer.Option(4.0, help="Gate: timing seconds per decision."),
     seed: Optional[int] = typer.Option(None, help="Tuner: sampler seed."),
+    require_sandbox: bool = typer.Option(False, "--require-sandbox", help="Refuse to run where untrusted kernel code cannot be sandboxed (bubblewrap + seccomp)."),
 ) -> None:
     """Run an optimisation session: accepted changes land as commits on branch kloop/<run-id>."""
     from agent.gate import GateConfig
@@ -295,8 +296,8 @@ def optimize(
         session = Session.start(t.root, policy.name, budget, runs_root=_runs_root(runs_dir, t.root), allow_dirty=allow_dirty,
                                 config={"model": getattr(policy, "model", None),
                                         **({"claude": policy.settings()} if agent == "claude" else {})},
-                                gate_config=GateConfig(max_seconds=gate_seconds))
-    except (WorkspaceError, TaskError) as exc:
+                                gate_config=GateConfig(max_seconds=gate_seconds, require_sandbox=require_sandbox))
+    except (WorkspaceError, TaskError, SessionError) as exc:
         fail(str(exc))
     if agent == "claude":
         from tools.agent_tools import session_toolbox
@@ -306,6 +307,7 @@ def optimize(
     info = session.record.info
     err_console.print(f"run [bold]{info.run_id}[/]: task {t.name}, policy {policy.name}, branch {info.branch}\n"
                       f"  worktree {info.worktree}\n  record   {session.record.dir}", highlight=False)
+    _print_sandbox(info.sandbox)
     try:
         reason = session.run(policy)
     except SessionError as exc:
@@ -315,20 +317,37 @@ def optimize(
     _api_gave_up(reason, info.run_id)
 
 
+def _print_sandbox(sandbox: dict) -> None:
+    """One line on what isolates untrusted kernel code; loud where nothing does."""
+    if sandbox.get("available"):
+        err_console.print(f"  sandbox  {sandbox.get('mechanism')}", highlight=False)
+    else:
+        err_console.print(f"[bold red]WARNING: no sandbox ({sandbox.get('reason') or 'unknown'}): untrusted kernel code "
+                          "runs with your user's rights. Use --require-sandbox to refuse this.[/]", highlight=False)
+
+
 @app.command()
 def resume(run: str = typer.Argument(..., help="Run id, run folder, or 'last'."),
            runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
-           model: Optional[str] = typer.Option(None, help="Claude model id (claude runs).")) -> None:
+           model: Optional[str] = typer.Option(None, help="Claude model id (claude runs)."),
+           require_sandbox: bool = typer.Option(False, "--require-sandbox", help="Refuse to run without the sandbox.")) -> None:
     """Continue a session that was stopped or killed, from its record."""
     from agent.runlock import RunLocked
     from agent.session import Session, SessionError
     from agent.workspace import WorkspaceError
+    from tools.sandbox import status as sandbox_status
 
     run_dir = resolve_run(run, runs_dir)
+    from agent.records import RunRecord
+    from agent.session_cli import is_external, session_resume
+
+    if is_external(RunRecord.open(run_dir).info.policy):  # driven by an outside agent: reopen it for them
+        return session_resume(str(run_dir), repo=None, runs_dir=runs_dir, as_json=False)
     try:
-        session = Session.resume(run_dir)
-    except (RunLocked, WorkspaceError) as exc:
+        session = Session.resume(run_dir, require_sandbox=require_sandbox)
+    except (RunLocked, WorkspaceError, SessionError) as exc:
         fail(str(exc))
+    _print_sandbox(sandbox_status().as_dict())
     config = session.record.info.config or {}
     policy = make_policy(session.record.info.policy, model or config.get("model"), None, config.get("claude"))
     if policy.name == "claude":
@@ -553,6 +572,12 @@ def compare(run_a: str = typer.Argument(..., help="Run id or folder."), run_b: s
     if output:
         output.write_text(render_compare(views), encoding="utf-8")
         console.print(f"wrote {output}", highlight=False)
+
+
+# the session as shell commands (session start/resume/end, build, check, bench, ..., submit) and `kloop mcp`
+from agent.session_cli import register as _register_session_commands  # noqa: E402
+
+_register_session_commands(app)
 
 
 def main() -> None:  # pragma: no cover

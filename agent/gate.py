@@ -24,6 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from tools.task import KNOBS_FILE, MANIFEST, TaskError, load_task
+from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_build
 from tools.build import BuildResult, build
 from tools.check import format_check
 from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest
@@ -32,21 +33,9 @@ from tools.runner import run_worker
 Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "accepted", "interrupted"]
 UNDECIDED = "undecided (noisy machine)"
 
-# Built-in static rules: things no kernel needs and every cheat of a known kind does.
-DEFAULT_FORBIDDEN = [
-    (r"\bcudaStreamCreate\w*|\bcudaStreamPerThread\b|\bcudaLaunchHostFunc\b|\bcudaStreamAddCallback\b",
-     "work must run on the stream the harness passes in: other streams escape the timing"),
-    (r"\b(dlopen|dlsym|popen|system|fork|execv|execl|execvp|syscall)\s*\(",
-     "a kernel library must not load other code or start processes"),
-    (r"\bstd::(thread|jthread|async)\b|\bpthread_create\b|\bcuStreamCreate\w*|\bcuLaunch\w*",
-     "no background threads or driver-API streams: work outside the call (or beside the other build) skews the timing"),
-    (r"\b(fopen|ifstream|ofstream|mmap|openat|open|creat)\s*\(|\b(ifstream|ofstream)\b|std::filesystem|/proc/",
-     "a kernel library must not read or write files (the harness's files included)"),
-    (r"__attribute__\s*\(\(\s*constructor|\.incbin\b",
-     "no code at load time and no embedded files"),
-    (r"#\s*include\s*[<\"](/|[^>\"]*\.\./)",
-     "includes must stay inside the task folder"),
-]
+# Built-in static rules: things no kernel needs and every cheat of a known kind does (applied to the
+# raw sources here, and by the audit to the preprocessed text of what was built)
+DEFAULT_FORBIDDEN = SOURCE_RULES
 
 
 class GateConfig(BaseModel):
@@ -62,6 +51,8 @@ class GateConfig(BaseModel):
     noisy_halfwidth: float = 0.05
     # the best's time now over its time when it was accepted, beyond which nothing is decided
     best_slowdown_limit: float = 2.5
+    # refuse to run where the host cannot sandbox untrusted code (tools/sandbox.py status())
+    require_sandbox: bool = False
 
 
 class Verdict(BaseModel):
@@ -76,6 +67,7 @@ class Verdict(BaseModel):
     out_of_scope: list[str] = Field(default_factory=list)
     static_hits: list[str] = Field(default_factory=list)
     build: BuildResult | None = None
+    audit: AuditReport | None = None  # of what was built (symbols, syscalls, load-time code, headers)
     check: CheckReport | None = None
     ab: ABReport | None = None
     device: DeviceInfo | None = None
@@ -169,6 +161,13 @@ class Gate:
             src = self.source_tree(cand, Path(tmp) / "task")
             return build(self.task, src_root=src, timeout=self.task.manifest.timeout_s)
 
+    def audit(self, built: BuildResult) -> AuditReport:
+        """What was built: imported symbols, syscall instructions, load-time code, headers read, the
+        source rules on preprocessed text (tools/audit.py)."""
+        m = self.task.manifest
+        return audit_build(Path(built.build_dir), m.target, sources=m.sources, allowed_symbols=m.allowed_symbols,
+                           extra_rules=[(f.pattern, f.reason) for f in m.forbidden])
+
     # -- the whole evaluation --------------------------------------------------------------------
     def evaluate(self, cand: Candidate, best: BuildResult | None) -> Verdict:
         """Judge a candidate against the best build (None: a baseline evaluation, no timing)."""
@@ -198,6 +197,13 @@ class Gate:
         if not built.ok:
             return done(Verdict(accepted=False, stage="build", build=built,
                                 reason="build failed: " + built.error_text()[:1500]))
+        try:
+            audited = self.audit(built)
+        except (AuditError, OSError) as exc:
+            return done(Verdict(accepted=False, stage="build", build=built, reason=f"audit of the build failed: {exc}"))
+        if not audited.ok:
+            return done(Verdict(accepted=False, stage="build", build=built, audit=audited,
+                                reason="audit of what was built: " + audited.reason()))
         return done(self.judge_built(built, best))
 
     def judge_built(self, built: BuildResult, best: BuildResult | None) -> Verdict:

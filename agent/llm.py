@@ -50,6 +50,8 @@ from typing import Any, Callable, Iterable, Iterator
 import anthropic
 import httpx2
 
+from tools.secrets import scrub_data
+
 # Claude Opus 5.5: "For most workloads, start with Claude Opus 5.5" (platform.claude.com/docs/en/models/
 # fable-5-1/overview; models/opus-5-5/overview: "for long-running agentic coding").
 DEFAULT_MODEL = "claude-opus-5-5"
@@ -308,7 +310,7 @@ class LLMClient:
         appears. Applied to everything the server sends before anyone sees it, and by the policy to
         everything it logs."""
         secrets = [s for s in (self._client.api_key, self._client.auth_token) if isinstance(s, str) and len(s) >= 8]
-        return _replace(value, secrets) if secrets else value
+        return scrub_data(value, secrets) if secrets else value  # literal values and simple encodings
 
     # -- one turn --------------------------------------------------------------------------------
 
@@ -500,18 +502,6 @@ def _short(value: Any, limit: int) -> str:
     text = value if isinstance(value, str) else repr(value)
     text = " ".join(text.split())
     return text if len(text) <= limit else f"{text[:limit]}... [{len(text) - limit} more characters]"
-
-
-def _replace(value: Any, secrets: list[str]) -> Any:
-    if isinstance(value, str):
-        for s in secrets:
-            value = value.replace(s, "[redacted]")
-        return value
-    if isinstance(value, dict):
-        return {_replace(k, secrets): _replace(v, secrets) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_replace(v, secrets) for v in value]
-    return value
 
 
 def _sse_events(chunks: Iterable[bytes], stall_s: float) -> Iterator[tuple[str | None, str]]:

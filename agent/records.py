@@ -29,6 +29,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from tools.secrets import encodings, is_secret_name
+
 log = logging.getLogger(__name__)
 
 RUN_JSON = "run.json"
@@ -76,25 +78,28 @@ class SecretScrubber:
         found = {}
         for name, value in env.items():
             upper = name.upper()
-            if upper in SECRET_NAMES or upper.endswith(SECRET_SUFFIXES):
+            if upper in SECRET_NAMES or upper.endswith(SECRET_SUFFIXES) or is_secret_name(name):
                 found[name] = value
         return cls(found)
 
     def find(self, text: str) -> list[str]:
-        """Names of the secrets whose value occurs in `text` (raw or JSON-escaped)."""
+        """Names of the secrets whose value occurs in `text` (raw, JSON-escaped, or in one of the
+        simple encodings of tools/secrets.py: base64, hex, URL-encoded, reversed)."""
         hits = []
         for name, value in self.secrets:
             escaped = json.dumps(value)[1:-1]
-            if value in text or escaped in text:
+            if value in text or escaped in text or any(f in text for f in encodings(value)):
                 hits.append(name)
         return hits
 
     def scrub_text(self, text: str) -> tuple[str, list[str]]:
         hits = []
         for name, value in self.secrets:
-            if value in text:
-                text = text.replace(value, f"[REDACTED:{name}]")
-                hits.append(name)
+            for form in encodings(value):
+                if form in text:
+                    text = text.replace(form, f"[REDACTED:{name}]")
+                    if name not in hits:
+                        hits.append(name)
         return text, hits
 
     def scrub(self, obj: Any) -> tuple[Any, list[str]]:
@@ -170,6 +175,8 @@ class RunInfo(BaseModel):
     versions: Versions = Field(default_factory=Versions)
     gpu: str | None = None  # e.g. "NVIDIA H200"; None for CPU tasks
     machine: dict[str, Any] = Field(default_factory=dict)  # hostname, clocks, cores, ... as known
+    # what isolates untrusted kernel code here (tools/sandbox.py SandboxStatus): mechanism, available, reason
+    sandbox: dict[str, Any] = Field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ whatever a kill left half-done, without losing an accepted commit or landing an 
 
 from __future__ import annotations
 
+import logging
 import shutil
 import signal
 import sys
@@ -26,6 +27,7 @@ from agent.runlock import RunLock
 from agent.workspace import Workspace
 from tools.base import ToolBox
 from tools.build import BuildResult
+from tools.sandbox import SandboxStatus, SandboxUnavailable, require as require_sandbox_here, status as sandbox_status
 
 
 class SessionError(Exception):
@@ -59,6 +61,19 @@ def attempts_from_events(events: list) -> list[Attempt]:
     return [by_no[k] for k in sorted(by_no)]
 
 
+log = logging.getLogger(__name__)
+
+
+def _sandbox_status(required: bool) -> SandboxStatus:
+    """What isolates untrusted code on this host; SessionError when it is required and missing."""
+    if required:
+        try:
+            return require_sandbox_here()
+        except SandboxUnavailable as exc:
+            raise SessionError(str(exc)) from None
+    return sandbox_status()
+
+
 def _versions(compiler: str | None, device=None) -> rec.Versions:
     import platform
 
@@ -90,24 +105,26 @@ class Session:
         self.interrupted: str | None = None
         self.on_event = None  # called with each event after it is recorded (live progress display)
         self.lock: RunLock | None = None  # one process per run: held from start/resume to the end of run()
+        self.sandbox: SandboxStatus | None = None  # what isolates untrusted code here (known once opened)
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
     def start(cls, task_path: Path, policy: str, budget: Budget, runs_root: Path | None = None,
               allow_dirty: bool = False, config: dict | None = None, gate_config: GateConfig | None = None) -> "Session":
         task = load_task(task_path)
+        gate_config = gate_config or GateConfig()
+        sandbox = _sandbox_status(gate_config.require_sandbox)  # before anything is created
         runs_root = prepare_runs_root(runs_root or default_runs_root(task.root))
         if is_shipped_task(task.root):  # kloop's own files are never the session's repository
             task = load_task(task_repo_for(task.root, runs_root))
         run_id = rec.new_run_id(task.name)
         run_dir = runs_root / run_id
         ws = Workspace.create(task.root, run_id, worktrees_root=runs_root / "_worktrees", allow_dirty=allow_dirty)
-        gate_config = gate_config or GateConfig()
         info = rec.RunInfo(
             run_id=run_id, task=task.name, task_rel=ws.task_rel, task_path=task.root, policy=policy,
             config={"budget": budget.__dict__, "gate": gate_config.model_dump(), **(config or {})},
             base_commit=ws.base_commit, branch=ws.branch, repo_root=ws.repo_root, worktree=ws.path,
-            versions=_versions(None),
+            versions=_versions(None), sandbox=sandbox.as_dict(),
         )
         record = rec.RunRecord.create(runs_root, info)
         lock, _ = RunLock.take(record.dir)
@@ -117,29 +134,50 @@ class Session:
             session = cls(record, ws, Gate(trusted, ws.task_rel, gate_config), budget, gate_config)
             session.lock = lock
             session.log("session_started")
+            session._say_sandbox(sandbox)
         except BaseException:
             lock.release()
             raise
         return session
 
     @classmethod
-    def resume(cls, run_dir: Path, budget: Budget | None = None) -> "Session":
+    def open(cls, run_dir: Path, budget: Budget | None = None, lock: bool = True,
+             require_sandbox: bool = False) -> "Session":
+        """Attach to a recorded session as it is: nothing is repaired, restored or logged (but a note
+        when a dead holder's lock was taken over). The shell's session commands attach once per
+        command and must keep the agent's edits. With `lock` the run's lock is taken (RunLocked when
+        another live process holds it); without it, the session is for reading only."""
         record = rec.RunRecord.open(run_dir)
-        lock, note = RunLock.take(record.dir)  # RunLocked, naming the holder, if a live process has it
+        held, note = RunLock.take(record.dir) if lock else (None, None)
         try:
             info = record.info
             ws = Workspace.open(info.repo_root, info.run_id, Path(info.worktree).parent, info.task_rel, info.base_commit)
             cfg = info.config or {}
             gate_config = GateConfig(**cfg.get("gate", {}))
+            if require_sandbox:
+                gate_config = gate_config.model_copy(update={"require_sandbox": True})
+            sandbox = _sandbox_status(gate_config.require_sandbox)
             budget = budget or Budget(**cfg.get("budget", {}))
             session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), budget, gate_config)
-            session.lock = lock
+            session.lock = held
+            session.sandbox = sandbox
             if note:
                 session.log("note", text=note, data={"lock": "taken over"})
+        except BaseException:
+            if held is not None:
+                held.release()
+            raise
+        return session
+
+    @classmethod
+    def resume(cls, run_dir: Path, budget: Budget | None = None, require_sandbox: bool = False) -> "Session":
+        session = cls.open(run_dir, budget, require_sandbox=require_sandbox)
+        try:
             session.repair()
             session.log("session_started", resumed=True)
+            session._say_sandbox(session.sandbox)
         except BaseException:
-            lock.release()
+            session.close()
             raise
         return session
 
@@ -148,6 +186,12 @@ class Session:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+    def _say_sandbox(self, sandbox: SandboxStatus) -> None:
+        """Loudly, where untrusted code will run without isolation: a warning and a note in the record."""
+        if not sandbox.available:
+            log.warning("%s", sandbox.line())
+            self.log("note", text=sandbox.line(), data={"sandbox": sandbox.as_dict()})
 
     # ---- record --------------------------------------------------------------------------------
     def log(self, kind: str, **data: Any) -> None:
@@ -164,9 +208,11 @@ class Session:
     def attempts_made(self) -> int:
         return len(self.attempts())
 
-    def repair(self) -> None:
-        """Bring the worktree and the record into agreement after a kill (see the module docstring)."""
+    def repair(self, keep_edits: bool = False) -> None:
+        """Bring the worktree and the record into agreement after a kill (see the module docstring).
+        With `keep_edits`, uncommitted edits survive unless something had to be repaired."""
         attempts = self.attempts()
+        repaired = False
         accepted = {a.number: a for a in attempts if a.accepted}
         # 1. commits on the branch must each carry an accepted attempt; anything else is cut off
         commits = self.ws.commits_since_base()
@@ -182,6 +228,7 @@ class Session:
                 a.commit = sha
         if keep != self.ws.head():
             self.ws.reset_branch(keep)
+            repaired = True
         self.best_commit = keep
         # 2. an accepted verdict whose commit never happened: land it now (the gate already decided)
         for a in attempts:
@@ -191,18 +238,22 @@ class Session:
                 sha = self.ws.commit(self._message(a.title, a.rationale, a.figures, a.number))
                 self.log("committed", attempt=a.number, commit=sha)
                 self.best_commit = sha
+                repaired = True
         # 3. an attempt with no verdict was interrupted mid-gate: it counts, and is rejected
         for a in attempts:
             if a.accepted is None:
                 self.log("verdict", attempt=a.number, accepted=False, reason="interrupted: the session stopped during evaluation",
                          figures={"stage": "interrupted"})
-        self.ws.restore(self.best_commit)
-        self.log("restored", to=self.best_commit)
+                repaired = True
+        if repaired or not keep_edits:
+            self.ws.restore(self.best_commit)
+            self.log("restored", to=self.best_commit)
 
     # ---- baseline ------------------------------------------------------------------------------
-    def establish_baseline(self) -> Verdict:
-        """Build and check the best (the base, or the last accepted commit on resume)."""
-        verdict = self.gate.evaluate(Candidate(self.ws.task_path, []), best=None)
+    def establish_baseline(self, task_dir: Path | None = None) -> Verdict:
+        """Build and check the best (the base, or the last accepted commit on resume), as found in
+        `task_dir` (default: the worktree's task folder, which must then hold no edits)."""
+        verdict = self.gate.evaluate(Candidate(task_dir or self.ws.task_path, []), best=None)
         if not verdict.accepted:
             raise SessionError(f"the starting point does not pass its own gate: {verdict.reason}")
         self.best_build = verdict.build

@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from tools.sandbox import minimal_env
+from tools.secrets import is_secret_name
+
 BRANCH_PREFIX = "kloop/"
 ENCODING = "utf-8"
 ERRORS = "surrogateescape"
@@ -40,6 +43,11 @@ ERRORS = "surrogateescape"
 MODE_SYMLINK = "120000"
 MODE_GITLINK = "160000"
 MODE_NONE = "000000"
+
+# Files kloop writes at the worktree's root for an agent opened there (the briefing and the rules).
+# They are the session's, not the candidate's: never part of a diff, a commit or a restore, as long
+# as the base commit does not track a file of that name (then that file is the repository's own).
+AGENT_FILES = ("AGENTS.md", "CLAUDE.md", ".mcp.json")
 
 
 class WorkspaceError(Exception):
@@ -104,7 +112,8 @@ def _git(
     repository (GIT_DIR, GIT_WORK_TREE, ...) are dropped from the environment; `env` adds to it.
     """
     repo = Path(repo).expanduser().absolute()
-    full_env = {k: v for k, v in os.environ.items() if k not in _LOCATION_ENV}
+    # the allow-list of git_env (no secret reaches git), without the variables that relocate the repository
+    full_env = {k: v for k, v in git_env().items() if k not in _LOCATION_ENV}
     if not discover:
         full_env["GIT_CEILING_DIRECTORIES"] = str(repo.parent)
     full_env.update(env or {})
@@ -120,6 +129,15 @@ def _git(
     if raw:
         return proc.stdout
     return proc.stdout.decode(ENCODING, ERRORS).strip()
+
+
+def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """git's environment: the allow-list of tools/sandbox.py (no secret reaches git), the user's HOME
+    and XDG config (their identity and settings) and their GIT_* settings, then `extra`."""
+    keep = {k: v for k, v in os.environ.items()
+            if (k.startswith("GIT_") or k in ("XDG_CONFIG_HOME", "TZ")) and not is_secret_name(k)}
+    base = {**keep, "LANGUAGE": "C", "TMPDIR": os.environ.get("TMPDIR") or "/tmp"}
+    return minimal_env({**base, **(extra or {})}, home=os.environ.get("HOME") or None)
 
 
 def _identity_env(cwd: Path) -> dict[str, str]:
@@ -219,7 +237,22 @@ class Workspace:
         self.path = path
         self.task_rel = task_rel
         self.run_id = run_id
+        self._agent_files: tuple[str, ...] | None = None
         self._common_dir: Path | None = None  # the repository's .git, learnt on first use
+
+    @property
+    def agent_files(self) -> tuple[str, ...]:
+        """The AGENT_FILES the base commit does not track: kloop's own, invisible to diff/commit/restore."""
+        if self._agent_files is None:
+            tracked = str(_git(self.path, "ls-tree", "--name-only", self.base_commit, "--", *AGENT_FILES))
+            self._agent_files = tuple(n for n in AGENT_FILES if n not in tracked.splitlines())
+        return self._agent_files
+
+    def _forget_agent_files(self, env: dict[str, str] | None = None) -> None:
+        """Drop the agent files from an index (they may have been `git add`ed by an agent)."""
+        if self.agent_files:
+            _git(self.path, "--literal-pathspecs", "rm", "--cached", "--quiet", "--ignore-unmatch", "--",
+                 *self.agent_files, env=env)
 
     @property
     def task_path(self) -> Path:
@@ -383,6 +416,7 @@ class Workspace:
         else:
             _git(self.path, "read-tree", "HEAD", env=env)
         _git(self.path, "add", "--all", "--", ".", env=env)
+        self._forget_agent_files(env)
         return env
 
     def changes(self, against: str | None = None, paths: Iterable[str] | None = None) -> list[Change]:
@@ -423,10 +457,11 @@ class Workspace:
         untracked and ignored files removed. The branch does not move."""
         self.verify("restore")
         target = _rev(self.path, commit or "HEAD")
+        keep = [arg for name in self.agent_files for arg in ("-e", "/" + name)]
         # untracked files first: read-tree refuses to overwrite an untracked file in its way
-        _git(self.path, "clean", "-ffdxq")
+        _git(self.path, "clean", "-ffdxq", *keep)
         _git(self.path, "read-tree", "--reset", "-u", target)
-        _git(self.path, "clean", "-ffdxq")
+        _git(self.path, "clean", "-ffdxq", *keep)
         left = self.changes(target)
         if left:
             raise WorkspaceError(
@@ -464,6 +499,7 @@ class Workspace:
             args += ["--allow-empty", "--only"]
         else:
             _git(self.path, lit, "add", "--all", *spec)
+            self._forget_agent_files()
             staged = _git(self.path, lit, "diff-index", "--cached", "--name-only", "HEAD", *spec)
             if not staged:
                 if not allow_empty:

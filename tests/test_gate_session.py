@@ -140,17 +140,21 @@ def test_input_mutated_rejected(session):
 
 def test_previous_output_rejected(session):
     """Caches its first answer per output pointer and returns it again: the second call (same
-    buffers, new values) catches it."""
+    buffers, new values) catches it. (Plain arrays and malloc: a std::map cache is already stopped
+    by the audit of what was built, for its static constructor and imports.)"""
     head = session.ws.head()
     cache = (
-        "#include <map>\n#include <vector>\n"
-        "static std::map<const float*, std::vector<float>> kloop_cache;\n"
+        "#include <cstdlib>\n#include <cstring>\n"
+        "static const float* kloop_key[64];\nstatic float* kloop_val[64];\nstatic size_t kloop_len[64];\n"
     )
     edit(session, "namespace {", cache + "namespace {")
-    edit(session, ENTRY, ENTRY + "\n  auto hit = kloop_cache.find(A);\n"
-         "  if (hit != kloop_cache.end() && hit->second.size() == (size_t)M * N) {\n"
-         "    for (size_t i = 0; i < hit->second.size(); ++i) C[i] = hit->second[i];\n    return 0;\n  }")
-    edit(session, "  return 0;\n}", "  kloop_cache[A].assign(C, C + (size_t)M * N);\n  return 0;\n}")
+    edit(session, ENTRY, ENTRY + "\n  for (int s = 0; s < 64; ++s)\n"
+         "    if (kloop_key[s] == A && kloop_len[s] == (size_t)M * N) {\n"
+         "      std::memcpy(C, kloop_val[s], sizeof(float) * M * N);\n      return 0;\n    }")
+    edit(session, "  return 0;\n}", "  for (int s = 0; s < 64; ++s)\n    if (!kloop_key[s]) {\n"
+         "      kloop_val[s] = (float*)std::malloc(sizeof(float) * M * N);\n"
+         "      std::memcpy(kloop_val[s], C, sizeof(float) * M * N);\n"
+         "      kloop_key[s] = A; kloop_len[s] = (size_t)M * N;\n      break;\n    }\n  return 0;\n}")
     v = session.submit("Memoise by pointer", "")
     assert_rejected(session, v, "check", "wrong results", head)
     assert "call 1" in v.reason

@@ -2,7 +2,8 @@
 
 The LLM sees each tool's JSON schema, generated from its input model (never written twice). A
 policy calls tools only through `ToolBox.call`, which validates the raw input and turns every
-failure (bad input, an exception in the tool) into an error result instead of a crash.
+failure (bad input, an exception in the tool) into an error result instead of a crash, and scrubs
+every result of secret values (and their simple encodings: tools/secrets.py) before anyone sees it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tools.secrets import scrub, scrub_data, secret_values
 
 # one tool result must never flood the model's context
 MAX_RESULT_CHARS = 12_000
@@ -76,9 +79,13 @@ class ToolBox:
                 f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
             )
             return ToolResult(ok=False, text=f"error: invalid input for {name}: {problems}")
+        secrets = secret_values()
         try:
             result = tool.fn(self.context, args)
         except Exception as exc:  # a tool failure costs one call, never the session
-            return ToolResult(ok=False, text=f"error: {name} failed: {type(exc).__name__}: {exc}")
-        result.text = cap(result.text)
+            return ToolResult(ok=False, text=cap(scrub(f"error: {name} failed: {type(exc).__name__}: {exc}", secrets)))
+        # scrubbed before it is cut: a secret cut in two would not be found any more
+        result.text = cap(scrub(result.text, secrets))
+        if result.data is not None:
+            result.data = scrub_data(result.data, secrets)
         return result

@@ -7,6 +7,12 @@ the build folder first: what is built is exactly what was hashed.
 
 `ptxas -v` output is kept per object and parsed per kernel (registers, spills, shared memory,
 stack, barriers); compile errors are trimmed to what a person needs.
+
+The compiler runs in the sandbox (tools/sandbox.py: the build folder is all it can read or write
+besides the toolchain, no network, a minimal environment), writes its dependency list (`-MD`) and a
+preprocessed copy (`-E`) of every source beside the objects, for the audit of what was built
+(tools/audit.py). Logs never show a file from outside the task: a diagnostic located in such a
+file is withheld, and secrets are scrubbed (tools/secrets.py).
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from tools.sandbox import minimal_env, wrap
+from tools.secrets import scrub
 from tools.task import KnobValue, Task
 
-BUILD_SCHEME = "kloop-build-2"  # bump when the build recipe changes, to invalidate old cache entries
+BUILD_SCHEME = "kloop-build-3"  # bump when the build recipe changes, to invalidate old cache entries
 HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".cuh", ".inc", ".inl")
 MAX_ERRORS = 6
 
@@ -91,7 +99,7 @@ def compiler_version(target: str) -> str:
     exe = _nvcc() if target == "cuda" else _cxx()
     if exe is None:
         return "missing"
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, env=minimal_env()).stdout.strip().splitlines()
     if target == "cuda":
         # "Cuda compilation tools, release 13.0, V13.0.88"
         release = next((l for l in out if "release" in l), out[-1] if out else "")
@@ -195,8 +203,11 @@ def _ninja_file(task: Task, knobs: dict[str, KnobValue], lib_name: str, extra: l
         "ninja_required_version = 1.5",
         f"flags = {flags}",
         # the compiler's full output (ptxas -v included) goes to $out.log; on failure ninja shows it
-        f"rule nvcc\n  command = {_quote(_nvcc() or 'nvcc')} $flags -c $in -o $out > $out.log 2>&1 || (cat $out.log; exit 1)\n  description = nvcc $in",
-        f"rule cxx\n  command = {_quote(_cxx() or 'c++')} $flags -c $in -o $out > $out.log 2>&1 || (cat $out.log; exit 1)\n  description = c++ $in",
+        f"rule nvcc\n  command = {_quote(_nvcc() or 'nvcc')} $flags -MD -MF $out.d -c $in -o $out > $out.log 2>&1 || (cat $out.log; exit 1)\n  description = nvcc $in",
+        f"rule cxx\n  command = {_quote(_cxx() or 'c++')} $flags -MD -MF $out.d -c $in -o $out > $out.log 2>&1 || (cat $out.log; exit 1)\n  description = c++ $in",
+        # the preprocessed source, for the audit's source rules (tools/audit.py)
+        f"rule nvcc_e\n  command = {_quote(_nvcc() or 'nvcc')} $flags -E $in -o $out > /dev/null 2>&1 || true\n  description = nvcc -E $in",
+        f"rule cxx_e\n  command = {_quote(_cxx() or 'c++')} $flags -E $in -o $out > /dev/null 2>&1 || true\n  description = c++ -E $in",
     ]
     objs = []
     for src in task.manifest.sources:
@@ -204,13 +215,14 @@ def _ninja_file(task: Task, knobs: dict[str, KnobValue], lib_name: str, extra: l
         objs.append(obj)
         rule = "nvcc" if src.endswith(".cu") else "cxx"
         lines.append(f"build {_esc(obj)}: {rule} {_esc('src/' + src)}")
+        lines.append(f"build {_esc(f'obj/{src}.i')}: {rule}_e {_esc('src/' + src)}")
     if task.target == "cuda":
         link = f"{_quote(_nvcc() or 'nvcc')} -shared $flags -o $out $in > $out.log 2>&1 || (cat $out.log; exit 1)"
     else:
         link = f"{_quote(_cxx() or 'c++')} -shared $flags -o $out $in > $out.log 2>&1 || (cat $out.log; exit 1)"
     lines.append(f"rule link\n  command = {link}\n  description = link $out")
     lines.append(f"build {lib_name}: link {' '.join(_esc(o) for o in objs)}")
-    lines.append(f"default {lib_name}")
+    lines.append(f"default {lib_name} " + " ".join(_esc(f"obj/{src}.i") for src in task.manifest.sources))
     return "\n".join(lines) + "\n"
 
 
@@ -273,7 +285,10 @@ def build(
         return BuildResult(ok=False, key=key, build_dir=str(final), knobs=knobs,
                            errors=[CompileError(message=f"{what} not found on PATH")])
     try:
-        proc = subprocess.run([_ninja(), "-C", str(work)], capture_output=True, text=True, timeout=timeout)
+        # in the sandbox: the build folder (the task's copy and the outputs) and the toolchain only
+        argv = wrap([_ninja(), "-C", str(work)], writable=[work], cwd=work, env=minimal_env(home=work))
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=work,
+                              env=minimal_env(home=work))
         ninja_out = proc.stdout + proc.stderr
         ok = proc.returncode == 0
     except subprocess.TimeoutExpired:
@@ -285,6 +300,7 @@ def build(
     link_log = work / f"{lib_name}.log"
     if link_log.is_file():
         logs += "\n" + link_log.read_text(errors="replace")
+    logs, ninja_out = safe_log(logs, work / "src"), safe_log(ninja_out, work / "src")
     result = BuildResult(
         ok=ok,
         key=key,
@@ -304,6 +320,39 @@ def build(
     except OSError:  # another process finished the same build first: theirs is identical
         shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+_DIAG = re.compile(r"^(?:In file included from |\s+from )?(?P<file>[^\s:(][^:(]*?)(?::\d+(?::\d+)?[:,]|\(\d+\):)")
+
+
+def safe_log(log: str, src_dir: Path) -> str:
+    """Compiler output fit to show and record: a diagnostic located in a file outside the task's
+    copy and the toolchain's include folders (an `#include "/etc/passwd"` outside the sandbox) is
+    replaced by one line naming the file, without its text or the source lines quoted after it;
+    secret values are scrubbed."""
+    from tools.audit import toolchain_include_roots
+
+    roots = (Path(src_dir).resolve(), *toolchain_include_roots())
+    out, withhold = [], False
+    for line in log.splitlines():
+        m = _DIAG.match(line)
+        if m and (line.startswith(("In file included", " ")) or ": " in line):
+            f = Path(m.group("file"))
+            p = f if f.is_absolute() else Path(src_dir).parent / f
+            try:
+                p = p.resolve()
+            except OSError:
+                pass
+            if any(p.is_relative_to(r) for r in roots) or line.startswith(("In file included", " ")):
+                withhold = False
+                out.append(line)
+            else:
+                if not withhold:
+                    out.append(f"{m.group('file')}: [diagnostics withheld: this file is outside the task]")
+                withhold = True
+        elif not withhold:
+            out.append(line)
+    return scrub("\n".join(out))
 
 
 def _tail(text: str, n: int) -> str:
@@ -392,7 +441,8 @@ def demangle(names: list[str]) -> dict[str, str]:
     mangled = [n for n in names if n.startswith("_Z")]
     if not tool or not mangled:
         return {}
-    out = subprocess.run([tool], input="\n".join(mangled), capture_output=True, text=True).stdout.splitlines()
+    out = subprocess.run([tool], input="\n".join(mangled), capture_output=True, text=True,
+                         env=minimal_env()).stdout.splitlines()
     return dict(zip(mangled, out)) if len(out) == len(mangled) else {}
 
 

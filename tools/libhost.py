@@ -68,7 +68,7 @@ class Host:
         else:
             torch.set_num_threads(1)
         self.spec = load_spec(spec_path)
-        _lockdown()
+        _lockdown(self.device.type == "cuda")
         # the untrusted library loads only now (its static constructors run here)
         self.lib = ctypes.CDLL(os.path.realpath(lib_path), mode=ctypes.RTLD_LOCAL)
         self.spec.setup(self.lib)
@@ -173,18 +173,14 @@ def _reset_persisting_l2() -> None:
         _PERSIST_RESET()
 
 
-def _lockdown() -> None:
-    """SANDBOX CALL SITE: tools/sandbox.py (another helper's) restricts this process before the
-    untrusted library loads (seccomp: no exec/fork/ptrace/network/new files). Absent module: no-op."""
-    try:
-        import importlib
+def _lockdown(cuda: bool = False) -> None:
+    """SANDBOX CALL SITE: the seccomp filter of tools/sandbox.py (no exec/fork/ptrace/sockets/...),
+    installed after torch and the spec are imported and before the untrusted library loads, when the
+    judge asks for it (KLOOP_LOCKDOWN=1 in this process's environment)."""
+    from tools.sandbox import lockdown, lockdown_requested
 
-        sandbox = importlib.import_module("tools.sandbox")
-    except ModuleNotFoundError:
-        return
-    lockdown = getattr(sandbox, "lockdown", None)
-    if lockdown is not None:
-        lockdown()
+    if lockdown_requested():
+        lockdown(allow_unix_sockets=cuda)  # the CUDA driver's IPC may use unix sockets
 
 
 def _read_exact(f, n: int):

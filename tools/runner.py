@@ -7,6 +7,9 @@ one place a runner's command line is built (the sandbox wraps exactly that argv)
 through `Runner`: requests pickled down a pipe, answers JSON up another, buffers in shared memory
 (CPU: files in /dev/shm the judge allocated, inputs mapped read-only in the runner; CUDA: IPC handles).
 Secrets (API keys, tokens) never reach either environment.
+The judge runs in the sandbox of tools/sandbox.py where the host provides it (no network, no other
+process visible, read-only files but its scratch) with an allow-listed environment; its runners
+add the seccomp lockdown before the untrusted library loads.
 """
 
 from __future__ import annotations
@@ -29,19 +32,29 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from tools.protocol import WorkerRequest, WorkerResult
+from tools.sandbox import LOCKDOWN_VAR, minimal_env, status, wrap
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
 
 
-def scrubbed_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment minus anything that looks like a secret (and every ANTHROPIC_* variable)."""
-    env = {k: v for k, v in (base if base is not None else os.environ).items()
-           if not _SECRET_NAME.search(k) and not k.startswith("ANTHROPIC")}
-    path = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + path if path else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+def scrubbed_env(base: dict[str, str] | None = None, home: str | os.PathLike | None = None) -> dict[str, str]:
+    """A runner's environment: the allow-list of tools/sandbox.py `minimal_env` (so no secret, whatever
+    its name) plus kloop's own package on PYTHONPATH."""
+    return minimal_env({"PYTHONPATH": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1"}, home=home, base=base)
+
+
+def runner_command(cmd: list[str], *, scratch: Path, readable: list[Path] = (), writable: list[Path] = (),
+                   lockdown: bool = True) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) for a runner process running `cmd`: inside the sandbox where the host has one,
+    reading only kloop's tools/, the toolchain and `readable`, writing only `scratch` and `writable`
+    (e.g. a per-evaluation /dev/shm folder); `lockdown` asks the runner to install the seccomp filter
+    (tools.sandbox.lockdown) before it loads untrusted code."""
+    extra = {LOCKDOWN_VAR: "1"} if lockdown and status().seccomp else {}
+    env = scrubbed_env(home=scratch) | extra
+    gpu = any(Path("/dev").glob("nvidia*"))
+    argv = wrap(cmd, readable=[PROJECT_ROOT / "tools", *readable], writable=[scratch, *writable], gpu=gpu,
+                cwd=scratch, env=env)
+    return argv, env
 
 
 def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = None) -> WorkerResult:
@@ -50,7 +63,13 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
         req_path, out_path = Path(tmp, "request.json"), Path(tmp, "result.json")
         req_path.write_text(req.model_dump_json())
         cmd = [*(prefix or []), sys.executable, "-m", "tools.worker", str(req_path), str(out_path)]
-        proc = subprocess.Popen(cmd, cwd=tmp, env=scrubbed_env(), stdin=subprocess.DEVNULL,
+        readable = [Path(req.task_dir)] + [Path(lib).resolve().parent for lib in req.libs]
+        # The judge itself loads no untrusted code and must start its runners (fork/exec): it gets the
+        # namespaces and the filesystem view, never the syscall filter; LOCKDOWN_VAR in its environment
+        # is passed on to its runners, which install the filter before the library loads. A profiler
+        # prefix (ncu) injects into the processes and talks to them: no syscall filter then.
+        argv, env = runner_command(cmd, scratch=Path(tmp), readable=readable, lockdown=not prefix)
+        proc = subprocess.Popen(argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_own_group_dies_with_parent)
         try:
             output, _ = proc.communicate(timeout=timeout)
@@ -109,6 +128,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _status(code: int | None) -> str:
     if code is None:
         return "did not finish"
+    if code > 128 and status().namespaces:  # bwrap exits with 128 + the signal that killed its child
+        code = 128 - code
     if code < 0:
         try:
             return f"crashed ({signal.Signals(-code).name})"
@@ -172,8 +193,10 @@ def _dies_with_parent() -> None:
 
 def runner_env() -> dict[str, str]:
     """A minimal environment: no secrets, nothing of the session's beyond what Python and CUDA need."""
-    keep = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "HOME", "TMPDIR")
+    keep = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "HOME", "TMPDIR", LOCKDOWN_VAR)
     env = {k: v for k, v in scrubbed_env().items() if k in keep or k in ("PYTHONPATH", "PYTHONUNBUFFERED")}
+    if os.environ.get(LOCKDOWN_VAR):  # the judge was asked to have its runners lock down
+        env[LOCKDOWN_VAR] = os.environ[LOCKDOWN_VAR]
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 

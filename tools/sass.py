@@ -19,6 +19,8 @@ from typing import Mapping
 
 from pydantic import BaseModel
 
+from tools.sandbox import minimal_env
+
 INSTALL_HINT = "install them with: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
 
 
@@ -72,7 +74,7 @@ def dump_sass(lib: Path) -> str:
             "cuobjdump not found (looked on PATH, $CUDA_HOME/bin, /usr/local/cuda/bin and the "
             f"nvidia pip wheels); {INSTALL_HINT}"
         )
-    env = dict(os.environ)
+    env = minimal_env()  # an allow-list: no secret reaches a child process (tools/sandbox.py)
     nvdisasm = find_nvdisasm()
     if nvdisasm is not None:  # cuobjdump shells out to nvdisasm, which may sit in another folder
         env["NVDISASM_PATH"] = str(nvdisasm.parent)

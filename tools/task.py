@@ -95,11 +95,24 @@ class Manifest(Strict):
     # per-output overrides, e.g. [tolerance_for.lse]
     tolerance_for: dict[str, Tolerance] = Field(default_factory=dict)
     forbidden: list[Forbidden] = Field(default_factory=list)
+    # undefined symbols the task's object files may import beyond the target's allow-list
+    # (tools/audit.py), as names or shell-style patterns: e.g. ["cudaMalloc", "cudaFree"]
+    allowed_symbols: list[str] = Field(default_factory=list)
     min_gain: float = Field(default=0.01, ge=0, lt=1)
     max_regression: float = Field(default=0.03, ge=0, lt=1)
     timeout_s: float = Field(default=300, gt=0)
     # which unit the FLOPs run on, for the roofline: its peak rate comes from agent/briefing.py
     compute_unit: Literal["fp32", "bf16_tensor", "fp8_tensor", "fp64"] = "fp32"
+
+    @field_validator("allowed_symbols")
+    @classmethod
+    def _symbol_names(cls, names: list[str]) -> list[str]:
+        import re
+
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z_.$*?\[\]][A-Za-z0-9_.$*?\[\]@]*", name) or name.strip("*?") == "":
+                raise ValueError(f"{name!r} is not a symbol name or a pattern naming some (e.g. 'cudaMalloc', 'cudaMemcpy*')")
+        return names
 
     @field_validator("knobs", mode="before")
     @classmethod

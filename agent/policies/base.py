@@ -18,6 +18,8 @@ class Budget:
     max_cost_usd: float | None = None
     max_hours: float | None = None
     max_attempts: int | None = None
+    # seconds spent in the tools that occupy the device (check, bench, sweep, profile, the gate)
+    max_gpu_seconds: float | None = None
 
 
 class PolicyContext(Protocol):

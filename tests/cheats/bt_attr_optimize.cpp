@@ -1,0 +1,15 @@
+// Cheat: __attribute__((optimize)) assembled by token pasting, so no "optimize" follows "__attribute__((".
+// audit: preprocessed
+#include <cstddef>
+#define CAT(a, b) a##b
+#define ATTR(x) __attribute__((x))
+#define FAST ATTR(CAT(opti, mize)("O3"))
+FAST static void mm(const float* A, const float* B, float* C, int M, int N, int K) {
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      float acc = 0.f;
+      for (int k = 0; k < K; ++k) acc += A[(size_t)i * K + k] * B[(size_t)k * N + j];
+      C[(size_t)i * N + j] = acc;
+    }
+}
+extern "C" int kloop_matmul(const float* A, const float* B, float* C, int M, int N, int K) { mm(A, B, C, M, N, K); return 0; }

@@ -1,0 +1,16 @@
+// Cheat: a computed include of an absolute path (the include rule sees only "#include H"); the
+// file read escapes the build key, the commit and replay. @PYINCLUDE@ is filled in by the test
+// with a folder the sandbox can read (Python's headers), so the build succeeds.
+// audit: headers
+#define H "@PYINCLUDE@/pyconfig.h"
+#include H
+#include <cstddef>
+static void mm(const float* A, const float* B, float* C, int M, int N, int K) {
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      float acc = 0.f;
+      for (int k = 0; k < K; ++k) acc += A[(size_t)i * K + k] * B[(size_t)k * N + j];
+      C[(size_t)i * N + j] = acc;
+    }
+}
+extern "C" int kloop_matmul(const float* A, const float* B, float* C, int M, int N, int K) { mm(A, B, C, M, N, K); return 0; }

@@ -1,0 +1,249 @@
+"""The sandbox (tools/sandbox.py) holds: from inside, no network, no other process, no file outside
+the scratch folder written, no secret read, no exec after lockdown; the runner that checks a kernel
+uses it; secrets are scrubbed from tool results; --require-sandbox refuses where there is none."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from tools import sandbox
+from tools.base import Tool, ToolBox, ToolInput, ToolResult
+from tools.secrets import REDACTED, scrub
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "sk-ant-kloop-test-" + "0123456789abcdef" * 3
+
+needs_sandbox = pytest.mark.skipif(not sandbox.status().available,
+                                   reason=f"no sandbox on this host: {sandbox.status().reason}")
+
+
+def run_sandboxed(tmp_path: Path, code: str) -> dict:
+    """Run Python `code` in the runner's sandbox (tools/ readable, tmp_path/scratch writable); it
+    prints one JSON object."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = sandbox.minimal_env({"PYTHONPATH": str(ROOT)}, home=scratch)
+    argv = sandbox.sandboxed_argv([sys.executable, "-c", textwrap.dedent(code)], readable=[ROOT / "tools"],
+                                  writable=[scratch], cwd=scratch, env=env)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@needs_sandbox
+def test_inside_the_sandbox(tmp_path):
+    (tmp_path / "outside.txt").write_text("host file")
+    got = run_sandboxed(tmp_path, f"""
+        import json, os, socket, threading
+        out = {{}}
+        try:
+            socket.create_connection(("1.1.1.1", 53), timeout=3); out["net"] = "connected"
+        except OSError as e:
+            out["net"] = type(e).__name__
+        out["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+        def readable(path):
+            try:
+                open(path, "rb").read(1); return True
+            except OSError:
+                return False
+        out["ssh"] = readable(os.path.expanduser("~root/.ssh/id_rsa")) or os.path.exists("/root/.ssh")
+        out["passwd"] = readable("/etc/passwd")
+        out["host_file"] = readable({str(tmp_path / 'outside.txt')!r})
+        out["ppid_environ"] = open(f"/proc/{{os.getppid()}}/environ", "rb").read().decode(errors="replace")
+        def writable(path):
+            try:
+                open(path, "w").write("x"); return True
+            except OSError:
+                return False
+        out["write_tools"] = writable({str(ROOT / 'tools' / 'kloop-sandbox-probe')!r})
+        out["write_root"] = writable("/kloop-probe")
+        out["write_scratch"] = writable(os.path.join(os.environ["HOME"], "ok"))
+        out["env"] = sorted(os.environ)
+        from tools.sandbox import lockdown
+        lockdown()
+        for name, fn in [("exec", lambda: os.execv("/bin/sh", ["sh", "-c", "true"])), ("fork", os.fork),
+                         ("socket", lambda: socket.socket(socket.AF_UNIX)),
+                         ("subprocess", lambda: __import__("subprocess").run(["/bin/true"]))]:
+            try:
+                fn(); out[name] = "allowed"
+            except OSError as e:
+                out[name] = e.errno
+        box = []
+        t = threading.Thread(target=lambda: box.append(sum(range(1000)))); t.start(); t.join()
+        out["thread"] = box == [499500]
+        print(json.dumps(out))
+    """)
+    assert got["net"] != "connected"
+    assert os.getpid() not in got["pids"] and len(got["pids"]) <= 3, got["pids"]  # bwrap's init and us
+    assert not got["ssh"] and not got["passwd"] and not got["host_file"]
+    assert KEY not in got["ppid_environ"] and "ANTHROPIC" not in got["ppid_environ"]
+    assert not got["write_tools"] and not got["write_root"] and got["write_scratch"]
+    assert not (ROOT / "tools" / "kloop-sandbox-probe").exists()
+    assert set(got["env"]) <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "PWD", *sandbox.INHERITED}
+    assert got["exec"] == got["fork"] == got["socket"] == got["subprocess"] == 1  # EPERM
+    assert got["thread"]
+
+
+_LEAKY_KERNEL = r"""
+// Reads every environment it can see (its own, its parent's, all of /proc) for the API key; where it
+// finds it, it poisons its output so that the check fails.
+#include <cstdio>
+#include <cstring>
+#include <cstdlib>
+#include <cmath>
+#include <dirent.h>
+#include <unistd.h>
+static bool found_in(const char* path) {
+  FILE* f = fopen(path, "rb");
+  if (!f) return false;
+  static char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  const char* key = "sk-ant-kloop-test";
+  for (size_t i = 0; i + 17 <= n; ++i)
+    if (!memcmp(buf + i, key, 17)) return true;
+  return false;
+}
+extern "C" int kloop_matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+  bool leak = getenv("ANTHROPIC_API_KEY") != nullptr;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/environ", (int)getppid());
+  leak |= found_in(path) || found_in("/proc/self/environ");
+  if (DIR* d = opendir("/proc")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
+      leak |= found_in(path);
+    }
+    closedir(d);
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      float acc = 0.f;
+      for (int k = 0; k < K; ++k) acc += A[(size_t)i * K + k] * B[(size_t)k * N + j];
+      C[(size_t)i * N + j] = leak ? NAN : acc;
+    }
+  return 0;
+}
+"""
+
+_CHECK_SCRIPT = """
+import json, shutil, sys
+from pathlib import Path
+from tools.task import load_task
+from tools.build import build
+from tools.evaluate import run_check
+folder = Path(sys.argv[1])
+task = load_task(folder)
+res = run_check(task, build(task, cache_dir=folder.parent / "cache").lib, seed=3, shapes=["one", "odd"])
+print(json.dumps({"ok": res.ok, "passed": bool(res.check and res.check.passed), "error": res.error}))
+"""
+
+
+def _check_with_key_in_parent(tmp_path: Path, sandbox_off: bool) -> dict:
+    import shutil
+
+    folder = tmp_path / "task"
+    shutil.copytree(ROOT / "kernels" / "matmul_cpu", folder)
+    (folder / "matmul.cpp").write_text(_LEAKY_KERNEL)
+    env = dict(os.environ, ANTHROPIC_API_KEY=KEY, PYTHONPATH=str(ROOT))  # in the session's initial environment
+    if sandbox_off:
+        env["KLOOP_SANDBOX"] = "off"
+    p = subprocess.run([sys.executable, "-c", _CHECK_SCRIPT, str(folder)], capture_output=True, text=True,
+                       timeout=600, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@needs_sandbox
+def test_kernel_reading_the_environment_during_check_gets_nothing(tmp_path):
+    got = _check_with_key_in_parent(tmp_path, sandbox_off=False)
+    assert got["ok"] and got["passed"], got
+
+
+def test_without_the_sandbox_the_same_kernel_finds_the_key(tmp_path):
+    """The control: the kernel above is effective where only the environment is cleaned (the key is
+    in the parent's /proc/<pid>/environ), so the test above can fail."""
+    if not Path("/proc/self/environ").exists():
+        pytest.skip("no /proc here")
+    got = _check_with_key_in_parent(tmp_path, sandbox_off=True)
+    assert got["ok"] and not got["passed"], got
+
+
+def test_tool_results_reach_the_model_redacted(monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    forms = {
+        "plain": KEY,
+        "base64": base64.b64encode(KEY.encode()).decode(),
+        "base64 inside": base64.b64encode(b"x=" + KEY.encode() + b";").decode(),
+        "hex": KEY.encode().hex(),
+        "HEX": KEY.encode().hex().upper(),
+        "reversed": KEY[::-1],
+        "url": "k%3D" + urllib.parse.quote(KEY, safe=""),
+        "url, every byte": "k=" + "".join(f"%{b:02X}" for b in KEY.encode()),
+    }
+
+    class Empty(ToolInput):
+        pass
+
+    def leak(ctx, args):
+        return ToolResult(text="\n".join(f"{k}: {v}" for k, v in forms.items()), data={"env": forms})
+
+    def boom(ctx, args):
+        raise RuntimeError(f"failed reading {KEY}")
+
+    box = ToolBox(context=None)
+    box.add(Tool("leak", "", Empty, leak))
+    box.add(Tool("boom", "", Empty, boom))
+    res = box.call("leak", {})
+    err = box.call("boom", {})
+    core = KEY[8:-8]
+    for text in (res.text, json.dumps(res.data), err.text):
+        assert core not in text and core[::-1] not in text
+        assert core.encode().hex() not in text.lower()
+        assert base64.b64encode(KEY.encode()).decode()[4:-4] not in text
+    assert res.text.count(REDACTED) >= len(forms)
+
+
+def test_scrub_leaves_ordinary_text_alone():
+    assert scrub("speedup x1.23, 4 pairs", [KEY]) == "speedup x1.23, 4 pairs"
+    assert scrub(f"key={KEY}!", [KEY]) == f"key={REDACTED}!"
+    assert scrub("short", ["1234"]) == "short"  # too short to be a secret
+
+
+def test_minimal_env_is_an_allow_list():
+    env = sandbox.minimal_env(base={"ANTHROPIC_API_KEY": KEY, "GITHUB_TOKEN": "t" * 20, "SOME_SETTING": "x",
+                                    "CUDA_VISIBLE_DEVICES": "1", "PATH": "/evil"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert not {"ANTHROPIC_API_KEY", "GITHUB_TOKEN", "SOME_SETTING"} & set(env)
+    assert "/evil" not in env["PATH"]
+
+
+def test_require_sandbox_refuses_when_unavailable(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from agent.cli import app
+
+    monkeypatch.setenv("KLOOP_SANDBOX", "off")
+    sandbox.status.cache_clear()
+    try:
+        assert not sandbox.status().available and "KLOOP_SANDBOX" in sandbox.status().reason
+        with pytest.raises(sandbox.SandboxUnavailable):
+            sandbox.require()
+        result = CliRunner().invoke(app, ["optimize", str(ROOT / "kernels" / "matmul_cpu"), "--agent", "tuner",
+                                          "--max-attempts", "1", "--runs-dir", str(tmp_path / "runs"),
+                                          "--require-sandbox"])
+    finally:
+        sandbox.status.cache_clear()
+    assert result.exit_code != 0
+    assert "sandbox is not available" in result.output
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -1,0 +1,274 @@
+"""The sandbox for untrusted code: runners (which load a candidate's library) and builds.
+
+Two maintained mechanisms, one per layer:
+
+- **bubblewrap** (`bwrap`) for namespaces and the filesystem: no network (own, empty net namespace),
+  own PID namespace with a fresh /proc (no other process visible, so no /proc/<ppid>/environ), a
+  read-only view of the toolchain, Python and the folders the caller names, writable scratch only,
+  /tmp a private tmpfs, all capabilities dropped, killed with its parent (`--die-with-parent`),
+  own session (no TIOCSTI into the terminal), and an explicit environment (`--clearenv`).
+- **seccomp** (libseccomp through `pyseccomp`) for the syscalls: `lockdown()`, called in the runner
+  after torch is imported and before the candidate's library loads, denies exec, fork (clone
+  without CLONE_THREAD), ptrace and cross-process memory access, sockets, mounts and namespaces,
+  kernel keyrings and modules, bpf, io_uring and userfaultfd. Threads stay allowed (torch and the
+  CUDA driver start them); work a candidate leaves running on a thread after its call returns is
+  caught by the harness (CPU time and device-idle checks), not here.
+
+`status()` says what this host provides (probed once). Where a mechanism is missing kloop says so
+at session start and in run.json; `--require-sandbox` refuses to run. `KLOOP_SANDBOX=off` forces
+"unavailable" (for hosts where bwrap cannot run, and for tests).
+
+`minimal_env()` is the environment of every child kloop starts (compilers, git, runners): an
+allow-list, so no secret (API keys, tokens) reaches one whatever its name.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, asdict
+from pathlib import Path
+from typing import Iterable, Mapping
+
+DISABLE_VAR = "KLOOP_SANDBOX"  # "off": run without the sandbox (and say so)
+LOCKDOWN_VAR = "KLOOP_LOCKDOWN"  # "1" in a runner's environment: call lockdown() before untrusted code
+# variables a child may inherit (values from this process); everything else is dropped
+INHERITED = (
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME", "CUDA_PATH", "CUDA_MODULE_LOADING",
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TZ",
+)
+SYSTEM_PATH = "/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class SandboxStatus:
+    mechanism: str  # e.g. "bubblewrap 0.8.0 + seccomp (libseccomp 2.5.4)", or what is missing
+    available: bool  # namespaces/filesystem AND syscall filter both work here
+    reason: str  # why not, or "" when available
+    namespaces: bool = False  # bwrap works (runners and builds are wrapped)
+    seccomp: bool = False  # lockdown() can install its filter
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        if self.available:
+            return f"sandbox: {self.mechanism}"
+        return f"sandbox UNAVAILABLE ({self.reason}): untrusted kernel code runs with this user's rights"
+
+
+class SandboxUnavailable(RuntimeError):
+    pass
+
+
+# ---- what this host provides ------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def status() -> SandboxStatus:
+    """Probe bwrap (namespaces, a fresh /proc, no network) and libseccomp, once per process."""
+    if os.environ.get(DISABLE_VAR, "").lower() in ("off", "0", "no", "false"):
+        return SandboxStatus("none", False, f"disabled by {DISABLE_VAR}={os.environ[DISABLE_VAR]}")
+    ns_ok, ns_what = _probe_bwrap()
+    sc_ok, sc_what = _probe_seccomp()
+    mechanism = " + ".join(w for ok, w in ((ns_ok, ns_what), (sc_ok, sc_what)) if ok) or "none"
+    missing = [w for ok, w in ((ns_ok, ns_what), (sc_ok, sc_what)) if not ok]
+    return SandboxStatus(mechanism, ns_ok and sc_ok, "; ".join(missing), namespaces=ns_ok, seccomp=sc_ok)
+
+
+def require() -> SandboxStatus:
+    s = status()
+    if not s.available:
+        raise SandboxUnavailable(f"--require-sandbox: the sandbox is not available on this host: {s.reason}")
+    return s
+
+
+def _bwrap() -> str | None:
+    return shutil.which("bwrap")
+
+
+def _probe_bwrap() -> tuple[bool, str]:
+    exe = _bwrap()
+    if exe is None:
+        return False, "bubblewrap (bwrap) is not installed (apt-get install bubblewrap)"
+    try:
+        version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+        probe = subprocess.run(sandboxed_argv(["/bin/true"], readable=[], writable=[], _exe=exe),
+                               capture_output=True, text=True, timeout=30, env=minimal_env())
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"bwrap does not run here: {exc}"
+    if probe.returncode != 0:
+        return False, f"bwrap cannot create namespaces here: {probe.stderr.strip()[:200] or probe.returncode}"
+    return True, version or "bubblewrap"
+
+
+def _probe_seccomp() -> tuple[bool, str]:
+    try:
+        import pyseccomp
+
+        pyseccomp.SyscallFilter(pyseccomp.ALLOW)  # loads libseccomp and makes a filter (not installed)
+    except (ImportError, OSError, AttributeError) as exc:
+        return False, f"seccomp unavailable (pip install pyseccomp; apt-get install libseccomp2): {exc}"
+    return True, "seccomp (libseccomp)"
+
+
+# ---- the environment of every child -----------------------------------------------------------
+
+def minimal_env(extra: Mapping[str, str] | None = None, *, home: str | os.PathLike | None = None,
+                base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """An explicit environment: PATH, HOME (= scratch), LANG, TMPDIR and the CUDA/threading variables
+    of INHERITED taken from `base` (default: this process's environment), then `extra`."""
+    src = os.environ if base is None else base
+    home = str(home) if home else "/tmp"
+    path_dirs = [str(Path(sys.executable).parent)] + [d for d in SYSTEM_PATH.split(":")]
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if src.get(var):
+            path_dirs.insert(0, str(Path(src[var]) / "bin"))
+    env = {
+        "PATH": ":".join(dict.fromkeys(path_dirs)),
+        "HOME": home,
+        "TMPDIR": home,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+    }
+    env.update({k: src[k] for k in INHERITED if src.get(k)})
+    env.update(extra or {})
+    return env
+
+
+# ---- the namespaces and the filesystem ---------------------------------------------------------
+
+def toolchain_dirs() -> list[Path]:
+    """What every sandboxed child may read: the system (/usr: compilers, CUDA, libraries), the Python
+    that runs kloop with its site-packages, and a CUDA_HOME outside /usr."""
+    dirs = [Path(sys.base_prefix), Path(sys.prefix)]
+    for key in ("purelib", "platlib", "stdlib", "platstdlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            dirs.append(Path(p))
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            dirs.append(Path(os.environ[var]))
+    if os.environ.get("CXX"):
+        dirs.append(Path(shutil.which(os.environ["CXX"]) or os.environ["CXX"]).resolve().parent)
+    return _outermost(d for d in dirs if not str(d.resolve()).startswith("/usr/"))
+
+
+def _outermost(paths: Iterable[Path]) -> list[Path]:
+    """Existing resolved paths with those inside another one dropped."""
+    out: list[Path] = []
+    for p in sorted({Path(p).resolve() for p in paths if Path(p).exists()}, key=lambda p: len(p.parts)):
+        if not any(p.is_relative_to(o) for o in out):
+            out.append(p)
+    return out
+
+
+def sandboxed_argv(argv: list[str], *, readable: Iterable[Path] = (), writable: Iterable[Path] = (),
+                   gpu: bool = False, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+                   _exe: str | None = None) -> list[str]:
+    """`argv` wrapped in bwrap: no network, own PID/IPC/UTS namespaces and a fresh /proc, the
+    toolchain and `readable` read-only, only `writable` writable (a /dev/shm subfolder is fine),
+    /tmp private, `env` (default minimal_env()) as the whole environment; `gpu` binds /dev/nvidia*
+    and /sys. Raises SandboxUnavailable where bwrap is missing."""
+    exe = _exe or _bwrap()
+    if exe is None:
+        raise SandboxUnavailable("bubblewrap (bwrap) is not installed")
+    args = [exe, "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--unshare-net", "--unshare-pid", "--unshare-uts",
+            "--unshare-cgroup-try"]
+    if not gpu:  # CUDA IPC between the runner and the judge may need the host's IPC namespace
+        args.append("--unshare-ipc")
+    for top in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        p = Path("/", top)
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            args += ["--ro-bind", str(p), str(p)]
+    # the dynamic linker's cache (multiarch libraries) and `alternatives` (c++ -> g++); not /etc itself
+    for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives"):
+        args += ["--ro-bind-try", f, f]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    if gpu:
+        args += ["--ro-bind-try", "/sys", "/sys"]
+        for dev in sorted(Path("/dev").glob("nvidia*")):
+            args += ["--dev-bind", str(dev), str(dev)]
+        for f in ("/dev/dri",):
+            args += ["--dev-bind-try", f, f]
+    ro = _outermost([*toolchain_dirs(), *map(Path, readable)])
+    rw = _outermost(map(Path, writable))
+    for p in ro:
+        if not any(p.is_relative_to(w) for w in rw):
+            args += ["--ro-bind", str(p), str(p)]
+    for p in rw:
+        args += ["--bind", str(p), str(p)]
+    args += ["--remount-ro", "/", "--clearenv"]  # the sandbox's own root (mount points) read-only too
+    for k, v in (env if env is not None else minimal_env()).items():
+        args += ["--setenv", k, v]
+    if cwd is not None:
+        args += ["--chdir", str(Path(cwd).resolve())]
+    return [*args, "--", *argv]
+
+
+def wrap(argv: list[str], *, readable: Iterable[Path] = (), writable: Iterable[Path] = (), gpu: bool = False,
+         cwd: Path | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+    """`sandboxed_argv` where the host provides bwrap, else `argv` itself (status() says so loudly)."""
+    if not status().namespaces:
+        return list(argv)
+    return sandboxed_argv(argv, readable=readable, writable=writable, gpu=gpu, cwd=cwd, env=env)
+
+
+# ---- the syscall filter ------------------------------------------------------------------------
+
+# denied with EPERM (a clear error in the candidate, not a crash of the runner)
+DENIED_SYSCALLS = (
+    "execve", "execveat", "fork", "vfork",
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_open", "pidfd_getfd",
+    "socketpair", "connect", "bind", "listen", "accept", "accept4",
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns",
+    "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+    "bpf", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "keyctl", "add_key", "request_key",
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
+    "swapon", "swapoff", "acct", "settimeofday", "clock_settime", "adjtimex", "iopl", "ioperm",
+    "perf_event_open", "quotactl", "name_to_handle_at", "open_by_handle_at",
+)
+CLONE_THREAD = 0x00010000
+AF_UNIX = 1
+
+
+def lockdown(*, allow_unix_sockets: bool = False) -> None:
+    """Install the seccomp filter on every thread of this process (irreversible).
+
+    Called in a runner after torch is imported and before the candidate's library is loaded. Denies
+    exec, fork and clone without CLONE_THREAD (threads stay allowed), ptrace and process_vm_*,
+    sockets (AF_UNIX too unless `allow_unix_sockets`), mounts and namespaces, keyrings, modules,
+    bpf, io_uring, userfaultfd, perf events. clone3 answers ENOSYS so glibc falls back to clone,
+    whose flags the filter can see. Raises SandboxUnavailable when libseccomp is missing."""
+    try:
+        import pyseccomp as sc
+    except ImportError as exc:
+        raise SandboxUnavailable(f"seccomp unavailable: {exc}") from None
+    f = sc.SyscallFilter(sc.ALLOW)
+    f.set_attr(sc.Attr.CTL_TSYNC, 1)  # every thread torch already started, not only this one
+    f.set_attr(sc.Attr.CTL_NNP, 1)
+    eperm = sc.ERRNO(errno.EPERM)
+    for name in DENIED_SYSCALLS:
+        try:
+            f.add_rule(eperm, name)
+        except (OSError, ValueError, RuntimeError):  # a syscall this kernel/libseccomp does not know
+            pass
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))
+    if allow_unix_sockets:
+        f.add_rule(eperm, "socket", sc.Arg(0, sc.NE, AF_UNIX))
+    else:
+        f.add_rule(eperm, "socket")
+    f.load()
+
+
+def lockdown_requested(environ: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get(LOCKDOWN_VAR) == "1"
