@@ -159,10 +159,11 @@ def spawn_runner(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...]
                  log_path: Path | None = None) -> subprocess.Popen:
     """Start one runner process. THE ONLY place runners are spawned: a sandbox wraps exactly `argv`.
 
-    SANDBOX CALL SITE: when tools/sandbox.py exists (another helper's), its `wrap_argv(argv, env,
-    pass_fds)` returns the confined command line (bubblewrap: no network, no view of other processes,
-    read-only filesystem but the scratch dir, minimal environment); the runner itself then calls
-    `tools.sandbox.lockdown()` before the untrusted library loads (tools/libhost.py).
+    SANDBOX CALL SITE. Today a runner lives inside its judge's bubblewrap namespaces (run_worker wraps
+    the judge: no network, no other process visible, read-only files but the scratch) and installs
+    the seccomp filter itself (`tools.sandbox.lockdown()` in tools/libhost.py, when KLOOP_LOCKDOWN=1)
+    before the untrusted library loads. A per-runner confinement goes here: if tools/sandbox.py grows a
+    `wrap_argv(argv, env, pass_fds)`, it is applied to exactly this argv.
     """
     try:
         import importlib
