@@ -32,7 +32,8 @@ from tools.fmt import fmt_ms, fmt_speedup
 from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest
 from tools.runner import run_worker
 
-Stage = Literal["scope", "static", "build", "check", "timing", "accepted", "interrupted"]
+Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "accepted", "interrupted"]
+UNDECIDED = "undecided (noisy machine)"
 
 # Built-in static rules: things no kernel needs and every cheat of a known kind does (applied to the
 # raw sources here, and by the audit to the preprocessed text of what was built)
@@ -47,6 +48,11 @@ class GateConfig(BaseModel):
     # extra slowdown (s) the candidate may add outside the timed stream before it counts as escaping
     escape_abs_s: float = 30e-6
     escape_rel: float = 0.25
+    after_return_rel: float = 0.05
+    # a 95% interval whose half-width (in log) exceeds this decides nothing: "undecided (noisy machine)"
+    noisy_halfwidth: float = 0.05
+    # the best's time now over its time when it was accepted, beyond which nothing is decided
+    best_slowdown_limit: float = 2.5
     # refuse to run where the host cannot sandbox untrusted code (tools/sandbox.py status())
     require_sandbox: bool = False
 
@@ -113,6 +119,7 @@ class Gate:
         self.task = load_task(self.trusted_dir)
         self.task_rel = task_rel.strip("/")
         self.config = config or GateConfig()
+        self._recorded_times: dict[str, dict[str, float]] = {}  # lib -> shape -> seconds when it was accepted
         # progress callback: on_stage(stage, state, ok=None, seconds=None), e.g. ("check", "started")
         self.on_stage = None
 
@@ -218,35 +225,57 @@ class Gate:
         if not audited.ok:
             return done(Verdict(accepted=False, stage="build", build=built, audit=audited,
                                 reason="audit of what was built: " + audited.reason()))
+        return done(self.judge_built(built, best))
+
+    def judge_built(self, built: BuildResult, best: BuildResult | None) -> Verdict:
+        """The runtime layers on a built library, in ONE judge process: check in the candidate's runner,
+        then (against `best`, whose runner starts meanwhile) paired timing."""
         check_seed = secrets.randbits(62)
-        req = WorkerRequest(kind="check", task_dir=str(self.trusted_dir), libs=[built.lib],
-                            shapes=[s.name for s in self.task.check_shapes], seed=check_seed,
-                            rounds=self.config.check_rounds)
+        check_shapes = [s.name for s in self.task.check_shapes]
         self._stage("check", "started")
-        res = run_worker(req, timeout=self.task.manifest.timeout_s)
-        if not res.ok or res.check is None:
-            return done(Verdict(accepted=False, stage="check", build=built, device=res.device, check_seed=check_seed,
-                                reason=f"check did not complete: {res.error}"))
+        if best is None:
+            req = WorkerRequest(kind="check", task_dir=str(self.trusted_dir), libs=[built.lib], shapes=check_shapes,
+                                seed=check_seed, rounds=self.config.check_rounds)
+            res = run_worker(req, timeout=self.task.manifest.timeout_s)
+        else:
+            timing_seed = secrets.randbits(62)
+            req = self.ab_request(best.lib, built.lib, timing_seed).model_copy(update={
+                "kind": "gate", "seed": check_seed, "timing_seed": timing_seed, "check_shapes": check_shapes,
+                "rounds": self.config.check_rounds})
+            res = run_worker(req, timeout=2 * self.task.manifest.timeout_s + 4 * self.config.max_seconds + 60)
+        if res.check is None:
+            return Verdict(accepted=False, stage="check", build=built, device=res.device, check_seed=check_seed,
+                           reason=f"check did not complete: {res.error}")
         if not res.check.passed:
             first = res.check.failures()[0]
-            return done(Verdict(accepted=False, stage="check", build=built, check=res.check, device=res.device,
-                                check_seed=check_seed, reason=f"wrong results: {_describe_failure(first)}"))
+            return Verdict(accepted=False, stage="check", build=built, check=res.check, device=res.device,
+                           check_seed=check_seed, reason=f"wrong results: {_describe_failure(first)}")
         if best is None:
-            return done(Verdict(accepted=True, stage="accepted", build=built, check=res.check, device=res.device,
-                                check_seed=check_seed, reason="baseline passes its check"))
-        return done(self.decide(built, best, res.check, check_seed))
+            return Verdict(accepted=True, stage="accepted", build=built, check=res.check, device=res.device,
+                           check_seed=check_seed, reason="baseline passes its check")
+        return self._timed_verdict(res, built, best, res.check, check_seed, timing_seed)
 
     def decide(self, built: BuildResult, best: BuildResult, check: CheckReport, check_seed: int) -> Verdict:
-        """Paired timing in a fresh worker, then `judge`."""
+        """Paired timing alone in a fresh judge, then `judge`."""
         m = self.task.manifest
         timing_seed = secrets.randbits(62)
         self._stage("timing", "started")
         res = run_worker(self.ab_request(best.lib, built.lib, timing_seed), timeout=m.timeout_s + 4 * self.config.max_seconds + 60)
+        return self._timed_verdict(res, built, best, check, check_seed, timing_seed)
+
+    def _timed_verdict(self, res, built: BuildResult, best: BuildResult, check, check_seed: int, timing_seed: int) -> Verdict:
+        m = self.task.manifest
         common = dict(build=built, check=check, device=res.device, check_seed=check_seed, timing_seed=timing_seed)
         if not res.ok or res.ab is None:
             return Verdict(accepted=False, stage="timing", reason=f"timing did not complete: {res.error}",
                            min_gain=m.min_gain, **common)
-        return self.judge(res.ab, **common)
+        recorded = self._recorded_times.get(best.lib, {})
+        for s in res.ab.shapes:
+            s.baseline_a = recorded.get(s.shape)
+        verdict = self.judge(res.ab, **common)
+        if verdict.accepted:  # the new best's own times: later decisions check the best against them
+            self._recorded_times[built.lib] = {s.shape: s.time_b for s in res.ab.shapes}
+        return verdict
 
     def ab_request(self, best_lib: str, cand_lib: str, seed: int) -> WorkerRequest:
         shapes = self.task.bench_shapes
@@ -258,7 +287,13 @@ class Gate:
         )
 
     def judge(self, ab: ABReport, **evidence) -> Verdict:
-        """The decision from paired timings alone (pure: the gate's benchmark calls it directly)."""
+        """The decision from paired timings alone (pure: the gate's benchmark calls it directly).
+
+        Order: wrong timed outputs, escaped work (failing closed when the probes are missing), then the
+        speed question. A shape counts as regressed only when its whole interval lies below the
+        allowance; an interval too wide to say either way is "undecided (noisy machine)": never a
+        regression and never an accept.
+        """
         m = self.task.manifest
         common = dict(evidence, ab=ab, speedup=ab.speedup, speedup_lo=ab.speedup_lo, speedup_hi=ab.speedup_hi,
                       min_gain=m.min_gain)
@@ -266,28 +301,97 @@ class Gate:
         if wrong:
             return Verdict(accepted=False, stage="timing", **common,
                            reason="outputs of timed calls are wrong: " + "; ".join(f"{s.shape}: {s.timed_outputs_problem}" for s in wrong))
+        if not ab.shapes:
+            return Verdict(accepted=False, stage="timing", **common, reason="timing measured no shape")
+        impossible = [s for s in ab.shapes if _finite(s.floor_s) and _finite(s.time_b) and s.time_b < s.floor_s]
+        if impossible:
+            return Verdict(accepted=False, stage="timing", **common, reason="faster than physics allows (cached, skipped or mis-timed work): " + "; ".join(
+                f"{s.shape}: {_us(s.time_b)} per call, below the roofline floor of {_us(s.floor_s)}" for s in impossible))
+        unmeasured = [s for s in ab.shapes if not _integrity_measured(s)]
+        if unmeasured:
+            return Verdict(accepted=False, stage="timing", **common, reason=(
+                "integrity probes missing or not finite (cannot rule out work outside the timed region) on "
+                + ", ".join(s.shape for s in unmeasured)))
         escaped = [s for s in ab.shapes if self._escaped(s)]
         if escaped:
-            return Verdict(accepted=False, stage="timing", **common, reason="work outside the timed stream (other streams, or host time per call): " + "; ".join(
-                f"{s.shape}: events {s.time_b * 1e6:.1f} us but {s.wall_b * 1e6:.1f} us until the device is idle "
-                f"(best: {s.time_a * 1e6:.1f} / {s.wall_a * 1e6:.1f} us)" for s in escaped))
-        regressed = [s for s in ab.shapes if s.speedup < 1 - self.task.allowance(self.task.shape(s.shape))]
+            return Verdict(accepted=False, stage="timing", **common, reason="work outside the timed region (other streams, host threads or work after return): " + "; ".join(
+                f"{s.shape}: {_us(s.extra_b)} per call outside the timed region vs {_us(s.extra_a)} for the best, "
+                f"of which after return {_us(s.after_return_b)} vs {_us(s.after_return_a)} "
+                f"(timed {_us(s.time_b)} vs {_us(s.time_a)}; wall until idle {_us(s.wall_b)} vs {_us(s.wall_a)}; "
+                f"{s.probes} cold probes each)" for s in escaped))
+        if not all(_finite(x) for x in (ab.speedup, ab.speedup_lo, ab.speedup_hi,
+                                        *(v for s in ab.shapes for v in (s.speedup, s.speedup_lo, s.speedup_hi)))):
+            return Verdict(accepted=False, stage="undecided", **common, reason=f"{UNDECIDED}: the speedup is not finite")
+        sabotaged = [s for s in ab.shapes if _finite(s.baseline_a) and s.baseline_a > 0
+                     and s.time_a > self.config.best_slowdown_limit * s.baseline_a]
+        if sabotaged:
+            return Verdict(accepted=False, stage="undecided", **common, reason="undecided: best slower than its baseline ("
+                           "the machine is far noisier than when the best was measured, or something slows the best): " + "; ".join(
+                f"{s.shape}: best {_us(s.time_a)} now vs {_us(s.baseline_a)} when accepted" for s in sabotaged))
+        allowed = {s.shape: 1 - self.task.allowance(self.task.shape(s.shape)) for s in ab.shapes}
+        regressed = [s for s in ab.shapes if s.speedup_hi < allowed[s.shape]]
         if regressed:
             return Verdict(accepted=False, stage="timing", **common, reason="regression beyond the allowance on " + ", ".join(
-                f"{s.shape} (x{s.speedup:.4f}, allowed down to x{1 - self.task.allowance(self.task.shape(s.shape)):.3f})" for s in regressed))
+                f"{s.shape} (x{s.speedup:.4f}, 95% interval [{s.speedup_lo:.4f}, {s.speedup_hi:.4f}], allowed down to "
+                f"x{allowed[s.shape]:.3f})" for s in regressed))
         needed = 1 + m.min_gain
-        if ab.speedup_lo <= needed:
+        maybe_regressed = [s for s in ab.shapes if s.speedup_lo < allowed[s.shape]]
+        if ab.speedup_lo > needed and not maybe_regressed:
+            return Verdict(accepted=True, stage="accepted", **common, reason=(
+                f"faster: x{ab.speedup:.4f}, 95% interval [{ab.speedup_lo:.4f}, {ab.speedup_hi:.4f}] > x{needed:.3f}"))
+        interval = f"x{ab.speedup:.4f}, 95% interval [{ab.speedup_lo:.4f}, {ab.speedup_hi:.4f}]"
+        if ab.speedup_hi <= needed and not maybe_regressed:
             return Verdict(accepted=False, stage="timing", **common, reason=(
-                f"not measurably faster: speedup x{ab.speedup:.4f}, 95% interval [{ab.speedup_lo:.4f}, {ab.speedup_hi:.4f}]; "
-                f"the lower bound must exceed x{needed:.3f}"))
-        return Verdict(accepted=True, stage="accepted", **common, reason=(
-            f"faster: x{ab.speedup:.4f}, 95% interval [{ab.speedup_lo:.4f}, {ab.speedup_hi:.4f}] > x{needed:.3f}"))
+                f"not measurably faster: speedup {interval}; the lower bound must exceed x{needed:.3f}"))
+        if self._noisy(ab) or maybe_regressed:
+            what = (f"; {', '.join(s.shape for s in maybe_regressed)} may or may not regress beyond the allowance"
+                    if maybe_regressed else "")
+            return Verdict(accepted=False, stage="undecided", **common, reason=(
+                f"{UNDECIDED}: speedup {interval} after {ab.pairs} pairs in {ab.timing_seconds:.1f} s "
+                f"({ab.stopped_because or 'stopped'}) is too wide to decide; the lower bound must exceed x{needed:.3f}{what}"))
+        return Verdict(accepted=False, stage="timing", **common, reason=(
+            f"not measurably faster: speedup {interval}; the lower bound must exceed x{needed:.3f}"))
+
+    def _noisy(self, ab: ABReport) -> bool:
+        import math
+
+        halfwidth = (math.log(ab.speedup_hi) - math.log(ab.speedup_lo)) / 2
+        return ab.stopped_because == "time cap" or halfwidth > self.config.noisy_halfwidth
 
     def _escaped(self, s) -> bool:
-        if s.wall_a is None or s.wall_b is None:
-            return False
-        extra = (s.wall_b - s.time_b) - (s.wall_a - s.time_a)
-        return extra > max(self.config.escape_abs_s, self.config.escape_rel * s.time_a)
+        """Like with like: both sides measured by the same cold probes; only the difference counts.
+        Work after return, measured over every timed call, has a tighter bound: an honest runner
+        sits blocked on its pipe, loaded machine or not."""
+        extra = s.extra_b - s.extra_a
+        if extra > max(self.config.escape_abs_s, self.config.escape_rel * s.time_a):
+            return True
+        if _finite(s.after_return_a) and _finite(s.after_return_b):
+            return s.after_return_b - s.after_return_a > max(self.config.escape_abs_s, self.config.after_return_rel * s.time_a)
+        return False
+
+
+def _finite(x) -> bool:
+    import math
+
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _integrity_measured(s) -> bool:
+    return s.probes > 0 and all(_finite(x) for x in (s.extra_a, s.extra_b, s.wall_a, s.wall_b, s.time_a, s.time_b))
+
+
+def _us(x) -> str:
+    return f"{x * 1e6:.1f} us" if _finite(x) else "?"
+
+
+def _num(x, fmt: str = ".3g") -> str:
+    """A number from a report for a reason text: None/NaN/Inf are printed, never a crash."""
+    if x is None:
+        return "n/a"
+    try:
+        return format(x, fmt)
+    except (TypeError, ValueError):
+        return str(x)
 
 
 def sass_figures(task, lib: str) -> tuple[dict[str, dict], str | None]:
@@ -311,6 +415,6 @@ def _describe_failure(s) -> str:
                 parts.append(f"{o.name}: {o.problem}")
             else:
                 parts.append(f"{o.name}: {o.mismatches}/{o.numel} elements wrong, {o.nonfinite} NaN/Inf, max abs err "
-                             f"{o.max_abs:.3g}, norm rel err {o.norm_rel:.3g}; worst at {o.worst_index}: got "
-                             f"{o.worst_got:.6g}, want {o.worst_want:.6g}")
+                             f"{_num(o.max_abs)}, norm rel err {_num(o.norm_rel)}; worst at {o.worst_index}: got "
+                             f"{_num(o.worst_got, '.6g')}, want {_num(o.worst_want, '.6g')}")
     return f"shape {s.shape} (call {s.round}) {s.dims}: " + "; ".join(parts)

@@ -11,8 +11,8 @@ timing seed per trial:
         KLOOP_TEST_DELAY_NS hook), candidate = the same with a spin of 0 ns, d = gain x the
         candidate's measured time; the true ratio is measured once more with a long paired run.
 Targets (min_gain 1%): A/A accepts <= 1/100; 0.5% gains <= 5%; 2% gains >= 95%; 3% gains >= 99%;
-<= 5 s of timing per decision. The trials run in one process (the libraries loaded once), which is
-what the gate's worker does for one decision; a real submit adds the worker's start-up.
+<= 5 s of timing per decision. The trials run in one judge process with one runner per library (each
+library loaded once, in its own process, as in the gate); a real submit adds the processes' start-up.
 """
 
 from __future__ import annotations
@@ -31,12 +31,11 @@ import torch  # noqa: E402
 
 from agent.gate import Gate, GateConfig  # noqa: E402
 from tools.ab import ab_in_process  # noqa: E402
-from tools.bench import make_sets, time_callable  # noqa: E402
+from tools.bench import make_sets, time_remote  # noqa: E402
 from tools.build import build  # noqa: E402
 from tools.device import describe  # noqa: E402
+from tools.remote import LibSession  # noqa: E402
 from tools.spec import load_spec  # noqa: E402
-from tools.timing import Timer  # noqa: E402
-from tools.worker import load_library  # noqa: E402
 
 TARGETS = {"A/A": ("<=", 0.01), 0.005: ("<=", 0.05), 0.02: (">=", 0.95), 0.03: (">=", 0.99)}
 
@@ -48,13 +47,14 @@ def built_lib(task, flags: list[str]) -> str:
     return result.lib
 
 
-def run_trials(gate: Gate, spec, lib_a, lib_b, shape: str, device, n: int, label: str, log) -> list[dict]:
+def run_trials(gate: Gate, spec, libs: LibSession, shape: str, n: int, label: str, log) -> list[dict]:
     cfg, task = gate.config, gate.task
+    lib_a, lib_b = libs.libs
     out = []
     for i in range(n):
-        ab = ab_in_process(task, spec, lib_a, lib_b, [shape], secrets.randbits(62), device, cfg.max_seconds,
+        ab = ab_in_process(task, spec, lib_a, lib_b, [shape], secrets.randbits(62), libs.device, cfg.max_seconds,
                            cfg.min_pairs, cfg.target_halfwidth, task.manifest.min_gain,
-                           {shape: task.allowance(task.shape(shape))}, {shape: 1.0})
+                           {shape: task.allowance(task.shape(shape))}, {shape: 1.0}, libs.arena)
         v = gate.judge(ab)
         out.append({"accepted": v.accepted, "speedup": ab.speedup, "lo": ab.speedup_lo, "hi": ab.speedup_hi,
                     "pairs": ab.pairs, "timing_s": ab.timing_seconds, "stopped": ab.stopped_because, "reason": v.reason})
@@ -86,31 +86,30 @@ def main(argv: list[str] | None = None) -> int:
                      "min_gain": task.manifest.min_gain, "config": gate.config.model_dump(), "cases": []}
 
     # A/A: the same code in two libraries
-    aa = [load_library(built_lib(task, ["-DKLOOP_AA_COPY=1"]), spec), load_library(built_lib(task, ["-DKLOOP_AA_COPY=2"]), spec)]
-    cases = [("A/A", None, aa[0], aa[1], args.aa)]
+    cases = [("A/A", None, built_lib(task, ["-DKLOOP_AA_COPY=1"]), built_lib(task, ["-DKLOOP_AA_COPY=2"]), args.aa)]
     # gains: best carries a spin of gain x T after the kernel
     gains = [(float(g), int(n)) for g, n in (item.split(":") for item in args.gains.split(",") if item)]
     if gains:
-        fast = load_library(built_lib(task, ["-DKLOOP_TEST_DELAY_NS=0"]), spec)
-        timer = Timer(device)
+        fast = built_lib(task, ["-DKLOOP_TEST_DELAY_NS=0"])
         gen = torch.Generator(device=device)
         gen.manual_seed(1)
         dims = task.shape(shape).dims
-        sets = make_sets(spec, dims, gen, device, timer)
-        stream = torch.cuda.current_stream().cuda_stream if device.type == "cuda" else 0
-        t = time_callable(timer, lambda i: spec.launch(fast, dims, sets[i][0], sets[i][1], stream), len(sets), 2.0, None, None).median
-        del sets
+        with LibSession(task, [fast]) as one:
+            sets = make_sets(spec, dims, gen, device, one.timer)
+            t = time_remote(one.libs[0], spec, shape, dims, sets, one.arena, 2.0, None, None).median
+            del sets
         log(f"candidate time on {shape}: {t * 1e6:.1f} us")
         for g, n in gains:
-            slow = load_library(built_lib(task, [f"-DKLOOP_TEST_DELAY_NS={int(round(g * t * 1e9))}"]), spec)
+            slow = built_lib(task, [f"-DKLOOP_TEST_DELAY_NS={int(round(g * t * 1e9))}"])
             cases.append((g, int(round(g * t * 1e9)), slow, fast, n))
 
     rows = []
-    for label, delay_ns, lib_a, lib_b, n in cases:
-        trials = run_trials(gate, spec, lib_a, lib_b, shape, device, n, f"gain {label}" if label != "A/A" else "A/A", log)
-        # the true ratio, from one long paired run
-        true = ab_in_process(task, spec, lib_a, lib_b, [shape], 7, device, 10.0, 200, 0.0003, task.manifest.min_gain,
-                             {shape: 0.5}, {shape: 1.0})
+    for label, delay_ns, path_a, path_b, n in cases:
+        with LibSession(task, [path_a, path_b], names=["best", "cand"]) as libs:
+            trials = run_trials(gate, spec, libs, shape, n, f"gain {label}" if label != "A/A" else "A/A", log)
+            # the true ratio, from one long paired run
+            true = ab_in_process(task, spec, libs.libs[0], libs.libs[1], [shape], 7, device, 10.0, 200, 0.0003,
+                                 task.manifest.min_gain, {shape: 0.5}, {shape: 1.0}, libs.arena)
         accepted = sum(t["accepted"] for t in trials)
         rate = accepted / max(1, len(trials))
         op, target = TARGETS.get(label, ("", None))

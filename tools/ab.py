@@ -1,16 +1,18 @@
-"""Paired A/B timing of the best build (A) against a candidate (B), in one worker process.
+"""Paired A/B timing of the best build (A) against a candidate (B), each in its own runner process.
 
 The machine drifts (clocks, neighbours, thermals), so single timings decide nothing: A and B are
-timed back to back in pairs, in random order within each pair, the L2 flushed before every call and
-the input sets rotated; the per-pair ratio tA/tB cancels the drift. Sampling goes on until the
-interval of the weighted geometric-mean speedup is tight enough, the decision is clear, or the time
-cap is hit. Between batches the inputs get fresh values and the outputs are poisoned, and at the
-end the outputs of the last timed calls are checked against the reference: timed calls must compute.
+timed back to back in pairs, in random order within each pair, the cache flushed before every sample
+and the input sets rotated; the per-pair ratio tA/tB cancels the drift. Work goes in passes: before
+each pass every input set gets fresh values and every output is poisoned, and within a pass each
+set is called once per side, so no call ever sees inputs it has seen before (an output cache, keyed
+by pointer or by content, has nothing to replay). After each pass a random sample of the candidate's
+outputs from that pass is checked against the reference, cold integrity probes (the same for A and
+B) look for work outside the timed region, and the statistics decide whether to go on. Sampling
+stops when the interval is tight, the decision is clear, or the time cap is hit.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
 import random
 import time
@@ -19,107 +21,93 @@ import torch
 
 from tools.task import Task
 from tools.bench import make_sets
-from tools.check import compare, poison, refill
+from tools.check import compare, describe_error, poison, refill
 from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
 from tools.stats import Estimate, combine, median as _median, t_quantile_975, trimmed_estimate
-from tools.timing import Timer, calls_per_sample
+from tools.timing import SET_MEMORY_CAP, Timer, calls_per_sample, tensors_bytes
 
-BATCH_SECONDS = 0.05  # timing between two looks at the statistics
-RECHECK_SETS = 2
+RECHECK_PER_PASS = 2  # candidate outputs re-checked after every pass, sets drawn at random
+MAX_SETS = 64
 
 
 class _Shape:
     """Buffers and samples of one bench shape."""
 
-    def __init__(self, name, dims, weight, allowance, sets, outs_b):
+    def __init__(self, name, dims, weight, allowance):
         self.name, self.dims, self.weight, self.allowance = name, dims, weight, allowance
-        self.sets = sets  # [(inputs, outputs of A)]
-        self.outs_b = outs_b  # outputs of B, one per set
+        self.sets: list = []  # [(inputs, outputs of A, outputs of B)], all in shared memory
         self.log_ratios: list[float] = []
         self.ta: list[float] = []
         self.tb: list[float] = []
         self.k = 1
-        self.next_set = 0
-        self.called_b: set[int] = set()  # sets the candidate wrote since the last refresh
+        self.passes = 0
+        self.rechecked = 0
+        self.problem: str | None = None  # first wrong timed output seen
+        self.probes = {"a": [], "b": []}  # (wall, extra, idle_cpu) per cold integrity probe
+        self.after_return = {"a": [], "b": []}  # CPU seconds per call used after answering, per pass
 
     def estimate(self) -> Estimate:
         return trimmed_estimate(self.log_ratios)
 
+    def key(self, i: int):
+        return (self.name, i)
 
-def ab_in_process(task: Task, spec: Spec, lib_a: ctypes.CDLL, lib_b: ctypes.CDLL, shapes: list[str], seed: int,
-                  device: torch.device, max_seconds: float, min_pairs: int, target_halfwidth: float,
-                  min_gain: float, allowances: dict[str, float], weights: dict[str, float]) -> ABReport:
+
+def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed: int, device: torch.device,
+                  max_seconds: float, min_pairs: int, target_halfwidth: float, min_gain: float,
+                  allowances: dict[str, float], weights: dict[str, float], arena=None) -> ABReport:
+    """`lib_a`, `lib_b`: tools.remote.RemoteLib handles on the best's and the candidate's runners."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     rng = random.Random(seed ^ 0x5EED)
-    timer = Timer(device)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-
-    def call(lib, st: _Shape, i: int, outs) -> None:
-        spec.launch(lib, st.dims, st.sets[i][0], outs, stream)
+    timer = lib_a.timer
+    share = arena.share_dict if arena is not None else (lambda d: d)
 
     states = []
     for name in shapes:
         dims = task.shape(name).dims
-        sets = make_sets(spec, dims, gen, device, timer)
-        outs_b = [spec.make_outputs(dims, inp) for inp, _ in sets]
-        st = _Shape(name, dims, weights.get(name, 1.0), allowances.get(name, 0.03), sets, outs_b)
-        for i in range(len(sets)):  # warm-up both
-            call(lib_a, st, i, sets[i][1])
-            call(lib_b, st, i, outs_b[i])
-        timer.sync()
-        single = min(timer.run([lambda i=i: call(lib_a, st, i % len(sets), sets[i % len(sets)][1]) for i in range(3)]))
-        st.k = calls_per_sample(single)
-        st.pair_seconds = 2 * single * st.k
+        st = _Shape(name, dims, weights.get(name, 1.0), allowances.get(name, 0.03))
+        for inputs, outs_a in make_sets(spec, dims, gen, device, timer):
+            _add_set(spec, st, share(inputs), share, lib_a, lib_b)
+        warm = [st.key(i) for i in range(len(st.sets))]
+        lib_a.call(warm)
+        lib_b.call(warm)
+        single = min(lib_a.sample([st.key(i % len(st.sets))]) for i in range(3))
+        lib_a._pending = lib_b._pending = None
+        st.k = calls_per_sample(single, short_s=lib_a.min_sample_s)
+        # within a pass no set may be called twice by one side: enough sets for a whole sample
+        per_set = tensors_bytes(st.sets[0][0]) + 2 * tensors_bytes(st.sets[0][1])
+        cap = SET_MEMORY_CAP["cuda" if device.type == "cuda" else "cpu"] // max(per_set, 1)
+        while len(st.sets) < min(st.k, MAX_SETS, max(cap, 1)):
+            _add_set(spec, st, share(spec.make_inputs(dims, gen, device)), share, lib_a, lib_b)
+        st.k = min(st.k, len(st.sets))
         states.append(st)
-
-    def sample(lib, st: _Shape, outs_of, written: set[int] | None = None):
-        first = st.next_set
-
-        def run() -> None:
-            for j in range(st.k):
-                i = (first + j) % len(st.sets)
-                call(lib, st, i, outs_of(i))
-                if written is not None:
-                    written.add(i)
-        return run
 
     started = time.monotonic()
     stopped = "time cap"
     threshold = math.log1p(min_gain)
     while True:
         for st in states:
-            refresh(spec, st, gen)
-            n_pairs = max(2, min(200, int(BATCH_SECONDS / max(st.pair_seconds, 1e-7))))
-            calls, order = [], []
-            for _ in range(n_pairs):
-                a = sample(lib_a, st, lambda i, st=st: st.sets[i][1])
-                b = sample(lib_b, st, lambda i, st=st: st.outs_b[i], st.called_b)
-                st.next_set = (st.next_set + st.k) % len(st.sets)
-                b_first = rng.random() < 0.5
-                calls += [b, a] if b_first else [a, b]
-                order.append(b_first)
-            times = timer.run(calls)
-            for p, b_first in enumerate(order):
-                t1, t2 = times[2 * p] / st.k, times[2 * p + 1] / st.k
-                ta, tb = (t2, t1) if b_first else (t1, t2)
-                st.ta.append(ta)
-                st.tb.append(tb)
-                st.log_ratios.append(math.log(ta / tb) if ta > 0 and tb > 0 else 0.0)
+            one_pass(spec, task, st, gen, rng, lib_a, lib_b, share)
         elapsed = time.monotonic() - started
         ests = [st.estimate() for st in states]
         total = combine(ests, [st.weight for st in states])
         z = t_quantile_975(min(e.effective_df() for e in ests))
         lo, hi = total.mean - z * total.se, total.mean + z * total.se
         enough = all(len(st.log_ratios) >= min_pairs for st in states)
+        if any(st.problem for st in states):
+            stopped = "wrong timed outputs"
+            break
         if enough and (hi - lo) / 2 <= target_halfwidth:
             stopped = "interval tight"
             break
         if enough and hi < threshold:
             stopped = "cannot reach min_gain"
             break
-        if enough and lo > threshold + target_halfwidth:
+        # the judge needs every shape's whole interval above its allowance too: no early stop before that
+        shapes_clear = all(e.interval()[0] > math.log(max(1e-9, 1 - st.allowance)) for e, st in zip(ests, states))
+        if enough and lo > threshold + target_halfwidth and shapes_clear:
             stopped = "clearly faster"
             break
         if elapsed >= max_seconds:
@@ -135,10 +123,21 @@ def ab_in_process(task: Task, spec: Spec, lib_a: ctypes.CDLL, lib_b: ctypes.CDLL
             log_ratio_se=est.se if math.isfinite(est.se) else 1e9, speedup=math.exp(est.mean),
             speedup_lo=math.exp(max(slo, -50)), speedup_hi=math.exp(min(shi, 50)),
             time_a=_median(st.ta), time_b=_median(st.tb),
+            floor_s=physics_floor(spec, st.dims, device),
         )
-        row.wall_a = _median([timer.wall(lambda: call(lib_a, st, 0, st.sets[0][1])) for _ in range(5)])
-        row.wall_b = _median([timer.wall(lambda: call(lib_b, st, 0, st.outs_b[0])) for _ in range(5)])
-        row.timed_outputs_ok, row.timed_outputs_problem = recheck(task, spec, st)
+        row.wall_a, row.extra_a, row.idle_cpu_a = (_median([p[j] for p in st.probes["a"]]) for j in range(3))
+        row.wall_b, row.extra_b, row.idle_cpu_b = (_median([p[j] for p in st.probes["b"]]) for j in range(3))
+        row.probes = min(len(st.probes["a"]), len(st.probes["b"]))
+        # work after return over every timed call (not only the probes) counts as work outside the timing
+        for which in ("a", "b"):
+            leak = sum(st.after_return[which]) / max(1, len(st.after_return[which]))
+            setattr(row, f"extra_{which}", getattr(row, f"extra_{which}") + leak)
+            setattr(row, f"idle_cpu_{which}", getattr(row, f"idle_cpu_{which}") + leak)
+            setattr(row, f"after_return_{which}", leak)
+        row.rechecked = st.rechecked
+        row.passes = st.passes
+        row.timed_outputs_ok = st.problem is None and st.rechecked > 0
+        row.timed_outputs_problem = st.problem if st.problem else (None if st.rechecked else "no timed call was re-checked")
         report.shapes.append(row)
     report.speedup = math.exp(total.mean)
     report.speedup_lo = math.exp(max(lo, -50))
@@ -146,35 +145,93 @@ def ab_in_process(task: Task, spec: Spec, lib_a: ctypes.CDLL, lib_b: ctypes.CDLL
     return report
 
 
-def refresh(spec: Spec, st: _Shape, gen: torch.Generator) -> None:
-    """New input values in the same buffers and poisoned outputs, outside the timed region."""
+def _add_set(spec: Spec, st: _Shape, inputs: dict, share, lib_a, lib_b) -> None:
+    outs_a = share(spec.make_outputs(st.dims, inputs))
+    outs_b = share(spec.make_outputs(st.dims, inputs))
+    i = len(st.sets)
+    st.sets.append((inputs, outs_a, outs_b))
+    lib_a.bind(st.key(i), st.dims, inputs, outs_a)
+    lib_b.bind(st.key(i), st.dims, inputs, outs_b)
+
+
+def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a, lib_b, share) -> None:
+    """Fresh values and poison; every set called once per side in pairs; probes; a random re-check."""
+    refresh(spec, st, gen, share, lib_a, lib_b)
+    n = len(st.sets)
+    order = list(range(n))
+    rng.shuffle(order)
+    pairs = n // st.k
+    leak0 = {"a": lib_a.after_return_ns, "b": lib_b.after_return_ns}
+    first = len(st.ta)
+    for p in range(pairs):
+        keys = [st.key(i) for i in order[p * st.k:(p + 1) * st.k]]
+        if rng.random() < 0.5:
+            lib_b.sample(keys, st.tb)
+            lib_a.sample(keys, st.ta)
+        else:
+            lib_a.sample(keys, st.ta)
+            lib_b.sample(keys, st.tb)
+    # CPU a runner used after answering is charged to its sample: settle the last ones now
+    lib_a._gap()
+    lib_b._gap()
+    lib_a._pending = lib_b._pending = None
+    for which, lib in (("a", lib_a), ("b", lib_b)):
+        st.after_return[which].append((lib.after_return_ns - leak0[which]) * 1e-9 / max(1, pairs * st.k))
+    for ta, tb in zip(st.ta[first:], st.tb[first:]):
+        st.log_ratios.append(math.log(ta / tb) if ta > 0 and tb > 0 and math.isfinite(ta / tb) else 0.0)
+    called = order[:pairs * st.k]
+    # cold integrity probes, A and B alike, on a set both sides already computed in this pass
+    probe_set = called[rng.randrange(len(called))]
+    # the idle window scales with the best's call time (same window for both): work handed to a thread
+    # after return shows up in it whole
+    idle_s = min(0.05, max(2e-3, 2 * _median(st.ta[-pairs:])))
+    for which in (["b", "a"] if rng.random() < 0.5 else ["a", "b"]):
+        lib = lib_a if which == "a" else lib_b
+        st.probes[which].append(lib.probe(st.key(probe_set), idle_s))
+    st.passes += 1
+    for i in rng.sample(called, min(RECHECK_PER_PASS, len(called))):
+        problem = recheck_set(task, spec, st, i)
+        st.rechecked += 1
+        if problem and st.problem is None:
+            st.problem = f"pass {st.passes}, set {i}: {problem}"
+
+
+def refresh(spec: Spec, st: _Shape, gen: torch.Generator, share, lib_a, lib_b) -> None:
+    """New input values in the same buffers and poisoned outputs, before every pass."""
     device = next(t for t in st.sets[0][0].values() if isinstance(t, torch.Tensor)).device
-    for i, (inputs, outs_a) in enumerate(st.sets):
+    for i, (inputs, outs_a, outs_b) in enumerate(st.sets):
         fresh = spec.make_inputs(st.dims, gen, device)
         if not refill(inputs, fresh):  # the spec drew other shapes this time: new buffers for both
-            st.sets[i] = (fresh, spec.make_outputs(st.dims, fresh))
-            st.outs_b[i] = spec.make_outputs(st.dims, fresh)
-        poison(st.sets[i][1])
-    for outs in st.outs_b:
-        poison(outs)
-    st.called_b.clear()
+            inputs = share(fresh)
+            outs_a, outs_b = share(spec.make_outputs(st.dims, inputs)), share(spec.make_outputs(st.dims, inputs))
+            st.sets[i] = (inputs, outs_a, outs_b)
+            lib_a.bind(st.key(i), st.dims, inputs, outs_a)
+            lib_b.bind(st.key(i), st.dims, inputs, outs_b)
+        poison(outs_a)
+        poison(outs_b)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def recheck(task: Task, spec: Spec, st: _Shape) -> tuple[bool, str | None]:
-    """The candidate's outputs from the last timed calls on a few sets, against the reference.
-
-    Only sets the candidate was called on since the last refresh are compared (the rest hold poison).
-    """
+def recheck_set(task: Task, spec: Spec, st: _Shape, i: int) -> str | None:
+    """The candidate's outputs of set i (written by its one timed call in this pass) against the reference."""
+    inputs, _, outs_b = st.sets[i]
     problems = []
-    written = sorted(st.called_b)[:RECHECK_SETS]
-    for i in written:
-        outs = st.outs_b[i]
-        ref = spec.reference(st.dims, st.sets[i][0])
-        for name, want in ref.items():
-            tol = task.tolerance(name)
-            err = compare(name, outs.get(name), want, tol.atol, tol.rtol, tol.norm_rtol)
-            if not err.passed:
-                problems.append(f"set {i} output {name}: {err.problem or f'{err.mismatches} wrong, {err.nonfinite} NaN/Inf, max_abs {err.max_abs:.3g}'}")
-    if not written:
-        return False, "no timed call wrote its outputs"
-    return (not problems), ("; ".join(problems) if problems else None)
+    ref = spec.reference(st.dims, inputs)
+    for name, want in ref.items():
+        tol = task.tolerance(name)
+        err = compare(name, outs_b.get(name), want, tol.atol, tol.rtol, tol.norm_rtol)
+        if not err.passed:
+            problems.append(f"output {name}: {describe_error(err)}")
+    return "; ".join(problems) if problems else None
+
+
+def physics_floor(spec: Spec, dims: dict, device: torch.device) -> float | None:
+    """The fewest seconds one call can take on this device: max(FLOPs / peak, bytes / peak bandwidth)."""
+    from tools.roofline import floor_rates
+
+    flops, nbytes = spec.flops(dims), spec.bytes_moved(dims)
+    peak_flops, peak_bytes = floor_rates(device)
+    times = [x / r for x, r in ((flops, peak_flops), (nbytes, peak_bytes)) if x and r]
+    return max(times) if times else None
+

@@ -1,13 +1,12 @@
 """Quick, non-gating timings of one build per bench shape, beside the comparators.
 
-Runs inside the evaluation worker: warm-up, rotated input sets, L2 flushed before every sample,
+Runs in the judge (the library in its own runner): warm-up, rotated input sets, L2 flushed before every sample,
 median and spread, achieved TFLOP/s and GB/s from the spec's counts. Comparators (the library ops
 the kernel would replace) are timed the same way in the same process.
 """
 
 from __future__ import annotations
 
-import ctypes
 import time
 from typing import Callable
 
@@ -64,13 +63,13 @@ def time_callable(timer: Timer, call_on_set: Callable[[int], None], n_sets: int,
     )
 
 
-def bench_in_process(task: Task, spec: Spec, lib: ctypes.CDLL | None, shapes: list[str], seed: int,
-                     device: torch.device, max_seconds: float, comparators: bool) -> BenchReport:
+def bench_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, device: torch.device,
+                     max_seconds: float, comparators: bool, arena=None, timer: Timer | None = None) -> BenchReport:
+    """`lib`: a tools.remote.RemoteLib (the library runs in its runner); comparators run here (trusted)."""
     started = time.monotonic()
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    timer = Timer(device)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    timer = timer or Timer(device)
     report = BenchReport()
     for name in shapes:
         dims = task.shape(name).dims
@@ -78,9 +77,7 @@ def bench_in_process(task: Task, spec: Spec, lib: ctypes.CDLL | None, shapes: li
         try:
             sets = make_sets(spec, dims, gen, device, timer)
             if lib is not None:
-                row.kernel = time_callable(
-                    timer, lambda i: spec.launch(lib, dims, sets[i][0], sets[i][1], stream),
-                    len(sets), max_seconds, row.flops, row.bytes)
+                row.kernel = time_remote(lib, spec, name, dims, sets, arena, max_seconds, row.flops, row.bytes)
             if comparators:
                 for cname, fn in spec.comparators.items():
                     try:
@@ -93,9 +90,39 @@ def bench_in_process(task: Task, spec: Spec, lib: ctypes.CDLL | None, shapes: li
             del sets
         except Exception as exc:
             row.error = f"{type(exc).__name__}: {exc}"
+            if type(exc).__name__ == "RunnerError" and exc.kind != "call":
+                report.shapes.append(row)
+                break  # the runner is gone
         report.shapes.append(row)
     report.seconds = round(time.monotonic() - started, 3)
     return report
+
+
+def time_remote(lib, spec: Spec, name: str, dims: dict, sets, arena, max_seconds: float,
+                flops: float | None, nbytes: float | None) -> Timing:
+    """Median seconds per call of the library in its runner, rotating over the input sets."""
+    share = arena.share_dict if arena is not None else (lambda d: d)
+    keys = []
+    for i, (inp, out) in enumerate(sets):
+        inp, out = share(inp), share(out)
+        lib.bind(("bench", name, i), dims, inp, out)
+        keys.append(("bench", name, i))
+    lib.call(keys[:3])  # warm-up: first touch, clocks ramping
+    single = min(lib.sample([keys[i % len(keys)]]) for i in range(3))
+    k = calls_per_sample(single, short_s=lib.min_sample_s)
+    counter = iter(range(1 << 62))
+    times: list[float] = []
+    deadline = time.monotonic() + max_seconds
+    while len(times) < MAX_SAMPLES and (len(times) < MIN_SAMPLES or time.monotonic() < deadline):
+        times.append(lib.sample([keys[next(counter) % len(keys)] for _ in range(k)]) / k)
+    wall = [lib.probe(keys[0])[0] for _ in range(3)]
+    s = summarize(times)
+    return Timing(
+        **s, calls_per_sample=k, input_sets=len(keys),
+        tflops=flops / s["median"] / 1e12 if flops else None,
+        gbps=nbytes / s["median"] / 1e9 if nbytes else None,
+        wall_median=sorted(wall)[1],
+    )
 
 
 def format_bench(report: BenchReport, where: str = "") -> str:

@@ -1,6 +1,6 @@
 """Correctness: does the kernel compute the spec's function on fresh random inputs?
 
-Runs inside the evaluation worker. Every check shape is called `rounds` times: the first call on
+Runs in the judge (tools/worker.py); the library runs in its own runner process (tools/libhost.py). Every check shape is called `rounds` times: the first call on
 freshly drawn inputs, later calls on new values written into the *same* buffers (a kernel that
 caches results by pointer or returns the previous call's output fails there). Outputs are poisoned
 before every call, inputs are verified bit-identical afterwards, and the reference is computed only
@@ -9,7 +9,6 @@ after every candidate call has run, so no reference output exists in memory whil
 
 from __future__ import annotations
 
-import ctypes
 import time
 
 import torch
@@ -118,36 +117,53 @@ def _unravel(flat: int, shape: tuple[int, ...]):
     return reversed(out)
 
 
-def check_in_process(task: Task, spec: Spec, lib: ctypes.CDLL, shapes: list[str], seed: int, rounds: int,
-                     device: torch.device) -> CheckReport:
+def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, rounds: int,
+                     device: torch.device, arena=None, relaunch=None) -> CheckReport:
+    """Check the library behind `lib` (a tools.remote.RemoteLib: it runs in its own runner process).
+
+    Inputs are drawn here from the secret seed, placed in shared memory the runner maps (read-only on
+    the CPU) and outputs the runner writes are read back here and compared here. `relaunch()` gives a
+    fresh runner with the same library: after a fault it tells a write into a read-only input apart
+    from any other crash (the call again, on writable copies of the inputs)."""
+    from tools.runner import RunnerError
+
     started = time.monotonic()
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    share = arena.share_dict if arena is not None else (lambda d: d)
     # phase 1: every candidate call, keeping copies of what it was given and what it wrote
     runs = []  # (shape, round, dims, inputs copy, outputs copy, changed, error)
+    dead = None
     for name in shapes:
         dims = task.shape(name).dims
-        inputs = outputs = None
+        if dead is not None:
+            runs.append((name, 0, dims, None, None, [], f"not run: {dead}"))
+            continue
+        inputs = outputs = before = None
+        key = None
         for rnd in range(rounds):
             try:
                 fresh = spec.make_inputs(dims, gen, device)
                 if inputs is None or not refill(inputs, fresh):  # later rounds: new values, same addresses
-                    inputs = fresh
-                    outputs = spec.make_outputs(dims, inputs)
+                    inputs = share(fresh)
+                    outputs = share(spec.make_outputs(dims, inputs))
+                    key = (name, rnd)
+                    lib.bind(key, dims, inputs, outputs)
                 del fresh
                 poison(outputs)
                 before = snapshot(inputs)
                 _sync(device)
-                spec.launch(lib, dims, inputs, outputs, stream)
-                _sync(device)
+                lib.call([key])
                 changed = changed_inputs(before, inputs)
                 runs.append((name, rnd, dims, before, snapshot(outputs), changed, None))
-            except Exception as exc:  # a failing launch costs this shape, the others still run
-                _sync_quietly(device)
-                runs.append((name, rnd, dims, None, None, [], f"{type(exc).__name__}: {exc}"))
-                if _cuda_context_broken(exc):
-                    raise
+            except RunnerError as exc:
+                wrote = _wrote_inputs(exc, spec, dims, before, arena, relaunch, device)
+                if wrote:
+                    runs.append((name, rnd, dims, before, None, wrote, None))
+                else:
+                    runs.append((name, rnd, dims, None, None, [], _runner_failure(exc, device)))
+                if exc.kind != "call":  # crashed, hung or lied: this runner is gone
+                    dead = f"the runner stopped at shape {name} call {rnd}"
                 break
         del inputs, outputs
     # phase 2: references, computed only now
@@ -155,6 +171,9 @@ def check_in_process(task: Task, spec: Spec, lib: ctypes.CDLL, shapes: list[str]
     for name, rnd, dims, inputs, outputs, changed, error in runs:
         if error is not None:
             results.append(ShapeCheck(shape=name, dims=dims, round=rnd, passed=False, error=error))
+            continue
+        if outputs is None:  # the call faulted writing into its read-only inputs
+            results.append(ShapeCheck(shape=name, dims=dims, round=rnd, passed=False, inputs_changed=changed))
             continue
         ref = spec.reference(dims, inputs)
         errs = []
@@ -166,6 +185,38 @@ def check_in_process(task: Task, spec: Spec, lib: ctypes.CDLL, shapes: list[str]
         del ref
     return CheckReport(passed=all(r.passed for r in results) and bool(results), shapes=results,
                        seconds=round(time.monotonic() - started, 3))
+
+
+def _wrote_inputs(exc, spec: Spec, dims: dict, before, arena, relaunch, device: torch.device) -> list[str]:
+    """After a CPU fault: the same call in a fresh runner on copy-on-write copies of the inputs; the
+    names of the inputs it wrote into (even if it restored them), read from the runner's memory map by
+    the kernel (/proc/<pid>/smaps: written pages became private). Empty: the crash was something else."""
+    if exc.kind != "crash" or device.type != "cpu" or relaunch is None or arena is None or before is None:
+        return []
+    if "SIGSEGV" not in str(exc) and "SIGBUS" not in str(exc):
+        return []
+    lib = None
+    try:
+        lib = relaunch()
+        copies = arena.share_dict({k: v.clone() for k, v in before.items()})
+        outputs = arena.share_dict(spec.make_outputs(dims, copies))
+        lib.bind("diagnose", dims, copies, outputs, writable_inputs=True)
+        lib.call(["diagnose"])
+        paths = {name: arena.describe(t)[1] for name, t in copies.items() if isinstance(t, torch.Tensor) and t.numel()}
+        written = lib.runner.written_files(set(paths.values()))
+        return sorted(name for name, path in paths.items() if path in written) or changed_inputs(before, copies)
+    except Exception:
+        return []
+    finally:
+        if lib is not None:
+            lib.runner.close()
+
+
+def _runner_failure(exc, device: torch.device) -> str:
+    text = str(exc)
+    if exc.kind == "crash" and device.type == "cpu" and ("SIGSEGV" in text or "SIGBUS" in text):
+        text += " (inputs are mapped read-only in the runner: a kernel that writes into its inputs faults)"
+    return text
 
 
 def _sync(device: torch.device) -> None:
@@ -200,7 +251,7 @@ def format_check(report: CheckReport) -> str:
             if o.nonfinite:
                 why.append(f"{o.nonfinite} NaN/Inf (unwritten or invalid)")
             if o.mismatches:
-                why.append(f"{o.mismatches}/{o.numel} outside tolerance; worst at {o.worst_index}: got {o.worst_got:.6g} want {o.worst_want:.6g}")
+                why.append(f"{o.mismatches}/{o.numel} outside tolerance; worst at {o.worst_index}: got {_g(o.worst_got, '.6g')} want {_g(o.worst_want, '.6g')}")
             if not o.passed and not why:
                 why.append("norm error over tolerance")
             rows.append(
@@ -213,5 +264,18 @@ def format_check(report: CheckReport) -> str:
     return "\n".join(rows)
 
 
-def _g(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
+def _g(x: float | None, fmt: str = ".3g") -> str:
+    """A report number as text; None (NaN/Inf after a JSON round trip) prints as '-', never raises."""
+    if x is None:
+        return "-"
+    try:
+        return format(x, fmt)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def describe_error(err: OutputError) -> str:
+    """What is wrong with one output, for a reason text (robust to missing fields)."""
+    if err.problem:
+        return err.problem
+    return f"{err.mismatches} wrong, {err.nonfinite} NaN/Inf, max_abs {_g(err.max_abs)}"

@@ -114,8 +114,26 @@ class ShapeAB(BaseModel):
     speedup_hi: float
     time_a: float  # median seconds per call
     time_b: float
+    # integrity probes, taken cold (L2 flushed, same input-set rotation) for A and B alike, interleaved
+    # with the timed pairs: wall = host seconds per call until the device is idle; extra = seconds per
+    # call spent outside what was timed (CUDA: wall minus events; CPU: CPU time of the process beyond
+    # the wall time, i.e. other threads at work); idle_cpu = CPU seconds the process used while idle
+    # after its calls returned (work after return). None or NaN: not measured, and the gate fails closed.
     wall_a: float | None = None
     wall_b: float | None = None
+    extra_a: float | None = None
+    extra_b: float | None = None
+    idle_cpu_a: float | None = None
+    idle_cpu_b: float | None = None
+    probes: int = 0
+    # CPU seconds per timed call each runner used after answering (over every timed call, not only the
+    # probes); an honest runner sits blocked on its pipe. Also included in extra_*.
+    after_return_a: float | None = None
+    after_return_b: float | None = None
+    floor_s: float | None = None  # physics floor: no honest call can take less (roofline at generous peaks)
+    passes: int = 0  # passes over the input sets (fresh values and poisoned outputs before each)
+    rechecked: int = 0  # candidate outputs of timed calls checked against the reference
+    baseline_a: float | None = None  # the best's time recorded when it was accepted (sabotage check)
     timed_outputs_ok: bool = True
     timed_outputs_problem: str | None = None
 
@@ -133,11 +151,13 @@ class ABReport(BaseModel):
 # ---- the envelope -------------------------------------------------------------------------------
 
 class WorkerRequest(BaseModel):
-    kind: Literal["check", "bench", "ab", "probe"]
+    kind: Literal["check", "bench", "ab", "gate", "probe"]  # gate: check the candidate, then (if it passes) ab
     task_dir: str  # trusted manifest + spec come from here
-    libs: list[str] = Field(default_factory=list)  # check/bench: [lib]; ab: [best, candidate]
+    libs: list[str] = Field(default_factory=list)  # check/bench: [lib]; ab and gate: [best, candidate]
     shapes: list[str] = Field(default_factory=list)
+    check_shapes: list[str] = Field(default_factory=list)  # gate: the shapes to check (shapes: to time)
     seed: int = 0
+    timing_seed: int = 0  # gate: the seed of the timing (seed is the check's)
     rounds: int = 2  # check: calls per shape, later ones reuse the buffers with fresh values
     comparators: bool = True
     max_seconds: float = 4.0  # bench: per shape; ab: timing for the whole decision

@@ -27,3 +27,29 @@ def peak_rates(task: Task, device: dict | None) -> tuple[float | None, float | N
         return None, None
     peaks = PEAKS[key]
     return peaks[task.manifest.compute_unit][0], peaks["bytes"][0]
+
+
+# The gate's physics floor: rates no device here can beat, so a time below max(FLOPs / rate,
+# bytes / rate) is impossible (cached, skipped or mis-timed work). Generous on purpose: the fastest
+# compute unit of the device, 1.5x its memory bandwidth (L2 hits after the flush), and for the CPU
+# and unknown GPUs rates far above anything real.
+CPU_FLOOR_RATES = (1e12, 1e12)
+UNKNOWN_GPU_FLOOR_RATES = (4e15, 10e12)
+BANDWIDTH_SLACK = 1.5
+
+
+def floor_rates(device: Any) -> tuple[float, float]:
+    """(FLOP/s, bytes/s) no call on `device` (a torch.device) can exceed."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return CPU_FLOOR_RATES
+    try:
+        import torch
+
+        name = torch.cuda.get_device_name(device)
+    except Exception:
+        name = ""
+    key = device_key({"name": name})
+    if key is None:
+        return UNKNOWN_GPU_FLOOR_RATES
+    peaks = PEAKS[key]
+    return max(v for k, (v, _) in peaks.items() if k != "bytes"), BANDWIDTH_SLACK * peaks["bytes"][0]

@@ -1,18 +1,29 @@
-"""Run the evaluation worker in its own process: sandboxed, minimal environment, timeout, own group.
+"""Processes of an evaluation: the judge (tools/worker.py) and the runners it drives (tools/libhost.py).
 
-The worker's answer is read back from a file and parsed as data; its exit status, a signal or a
-timeout become an error result. The worker runs in the sandbox of tools/sandbox.py where the host
-provides it (no network, no other process visible, read-only files but its scratch, seccomp
-lockdown before the candidate's library loads) with an allow-listed environment: secrets (API keys,
-tokens) never reach it.
+`run_worker` starts the judge in its own process (scrubbed environment, timeout, own process group);
+its answer is read back from a file and parsed as data. The judge loads no untrusted code: each
+library (candidate, best) is loaded by its own runner process, started through `spawn_runner` — the
+one place a runner's command line is built (the sandbox wraps exactly that argv) — and driven
+through `Runner`: requests pickled down a pipe, answers JSON up another, buffers in shared memory
+(CPU: files in /dev/shm the judge allocated, inputs mapped read-only in the runner; CUDA: IPC handles).
+Secrets (API keys, tokens) never reach either environment.
+The judge runs in the sandbox of tools/sandbox.py where the host provides it (no network, no other
+process visible, read-only files but its scratch) with an allow-listed environment; its runners
+add the seccomp lockdown before the untrusted library loads.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+import json
 import os
+import pickle
+import secrets
+import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -67,7 +78,10 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
         _write_private(req_path, req.model_dump_json())  # holds the gate's seed: owner-only, and the worker deletes it first
         cmd = [*(prefix or []), sys.executable, "-m", "tools.worker", str(req_path), str(out_path)]
         readable = [Path(req.task_dir)] + [Path(lib).resolve().parent for lib in req.libs]
-        # a profiler prefix (ncu) injects into the worker and talks to it: no syscall filter then
+        # The judge itself loads no untrusted code and must start its runners (fork/exec): it gets the
+        # namespaces and the filesystem view, never the syscall filter; LOCKDOWN_VAR in its environment
+        # is passed on to its runners, which install the filter before the library loads. A profiler
+        # prefix (ncu) injects into the processes and talks to them: no syscall filter then.
         argv, env = runner_command(cmd, scratch=Path(tmp), readable=readable, lockdown=not prefix)
         proc = subprocess.Popen(argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=functools.partial(_own_group_dies_with_parent, limit))
@@ -76,6 +90,7 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
             finished, peak_rss = _wait(proc, timeout)
         finally:
             kill_group(proc)  # nothing the kernel forked outlives the evaluation (nor a Ctrl-C)
+            _remove_arenas(proc.pid)
             if proc.returncode is None:
                 _reap(proc)
         text = reader.text()
@@ -97,6 +112,18 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
         if not result.ok and memory and result.error:
             result.error += memory
         return result
+
+
+ARENA_PREFIX = "kloop-arena-"
+
+
+def _remove_arenas(pid: int) -> None:
+    """Shared-memory buffers of a judge that was killed before it could remove them."""
+    import shutil
+
+    for root in (Path("/dev/shm"), Path(tempfile.gettempdir())):
+        for d in root.glob(f"{ARENA_PREFIX}{pid}-*") if root.is_dir() else []:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -310,3 +337,281 @@ def _status(code: int | None) -> str:
 
 def _tail(text, n: int = 1500) -> str:
     return tail(text, n, strip=True)
+
+
+# ---- runners: the untrusted side of an evaluation --------------------------------------------------
+
+class RunnerError(Exception):
+    """A runner failed: crashed, hung, answered garbage, or its call raised. `kind` says which."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind  # "crash" | "timeout" | "call" | "protocol"
+
+
+def spawn_runner(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = (),
+                 log_path: Path | None = None) -> subprocess.Popen:
+    """Start one runner process. THE ONLY place runners are spawned: a sandbox wraps exactly `argv`.
+
+    SANDBOX CALL SITE. Today a runner lives inside its judge's bubblewrap namespaces (run_worker wraps
+    the judge: no network, no other process visible, read-only files but the scratch) and installs
+    the seccomp filter itself (`tools.sandbox.lockdown()` in tools/libhost.py, when KLOOP_LOCKDOWN=1)
+    before the untrusted library loads. A per-runner confinement goes here: if tools/sandbox.py grows a
+    `wrap_argv(argv, env, pass_fds)`, it is applied to exactly this argv.
+    """
+    try:
+        import importlib
+
+        sandbox = importlib.import_module("tools.sandbox")
+        wrap = getattr(sandbox, "wrap_argv", None)
+        if wrap is not None:
+            argv = wrap(argv, env, pass_fds)
+    except ModuleNotFoundError:
+        pass
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                pass_fds=pass_fds, preexec_fn=_dies_with_parent, cwd=str(log_path.parent) if log_path else None)
+    finally:
+        if log_path:
+            log.close()
+
+
+def _dies_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def runner_env() -> dict[str, str]:
+    """A minimal environment: no secrets, nothing of the session's beyond what Python and CUDA need."""
+    keep = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "HOME", "TMPDIR", LOCKDOWN_VAR)
+    env = {k: v for k, v in scrubbed_env().items() if k in keep or k in ("PYTHONPATH", "PYTHONUNBUFFERED")}
+    if os.environ.get(LOCKDOWN_VAR):  # the judge was asked to have its runners lock down
+        env[LOCKDOWN_VAR] = os.environ[LOCKDOWN_VAR]
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+class Runner:
+    """The judge's handle on one runner process (one library). Started early (torch imported while the
+    judge draws inputs); every answer is parsed as JSON and must echo its request's nonce."""
+
+    def __init__(self, scratch: Path, name: str):
+        self.scratch = Path(scratch)
+        self.name = name
+        cmd_r, self._cmd_w = os.pipe()
+        self._reply_r, reply_w = os.pipe()
+        self.log_path = self.scratch / f"{name}.log"
+        self.proc = spawn_runner([sys.executable, "-m", "tools.libhost", str(cmd_r), str(reply_w)], runner_env(),
+                                 pass_fds=(cmd_r, reply_w), log_path=self.log_path)
+        os.close(cmd_r)
+        os.close(reply_w)
+        self._buf = b""
+        self._nonce = itertools.count(secrets.randbits(40))
+        self.busy_s = 0.0  # wall seconds the judge saw this runner working (for the CPU-time audit)
+
+    # -- requests --------------------------------------------------------------------------------
+    def request(self, op: str, timeout: float, **kw) -> dict:
+        nonce = next(self._nonce)
+        data = pickle.dumps((nonce, op, kw), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            os.write(self._cmd_w, struct.pack("<I", len(data)))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._cmd_w, view):]
+        except (BrokenPipeError, OSError):
+            raise self._died("before the request")
+        t0 = time.perf_counter()
+        reply = self._recv(timeout, op)
+        self.busy_s += time.perf_counter() - t0
+        if not isinstance(reply, dict) or reply.get("nonce") != nonce:
+            self.kill()
+            raise RunnerError("protocol", f"runner {self.name} answered out of turn to {op!r} (forged or stale answer)")
+        if not reply.get("ok"):
+            raise RunnerError("call", str(reply.get("error", "call failed"))[:2000])
+        return reply
+
+    def _recv(self, timeout: float, op: str):
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise RunnerError("timeout", f"{self.name} runner timed out after {timeout:.0f} s in {op} (hang or far too slow)")
+            ready, _, _ = select.select([self._reply_r], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(self._reply_r, 1 << 16)
+            if not chunk:
+                raise self._died(f"during {op}")
+            self._buf += chunk
+            if len(self._buf) > (16 << 20):
+                self.kill()
+                raise RunnerError("protocol", f"runner {self.name} answer too large")
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            return json.loads(line)  # data only: never unpickle what a runner sends
+        except ValueError:
+            self.kill()
+            raise RunnerError("protocol", f"runner {self.name} answered unreadable data to {op!r}")
+
+    def _died(self, when: str) -> RunnerError:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.wait()
+        return RunnerError("crash", f"{self.name} runner {_status(code)} {when}; output tail: {_tail(self.output(), 600)}")
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    # -- CPU time of the runner, read from outside (the runner cannot lie about it) ----------------
+    def cpu_ns(self) -> int:
+        """CPU nanoseconds of the whole runner (every thread, exited ones included), read by the kernel's
+        per-process CPU clock: exact at the moment of reading, and nothing the runner can forge."""
+        try:
+            return time.clock_gettime_ns(((~self.proc.pid) << 3) | 2)  # clock_getcpuclockid(pid): CPUCLOCK_SCHED
+        except OSError:
+            return self._cpu_ns_proc()
+
+    def _cpu_ns_proc(self) -> int:
+        total = 0
+        base = f"/proc/{self.proc.pid}/task"
+        try:
+            tids = os.listdir(base)
+        except OSError:
+            return 0
+        for tid in tids:
+            try:
+                with open(f"{base}/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+        return total
+
+    def written_files(self, paths: set[str]) -> set[str]:
+        """Which of these privately mapped files the runner wrote into (pages turned anonymous)."""
+        written, current = set(), None
+        try:
+            with open(f"/proc/{self.proc.pid}/smaps") as f:
+                for line in f:
+                    head = line.split()
+                    if len(head) >= 6 and "-" in head[0] and not head[0].endswith(":"):
+                        current = head[5] if head[5] in paths else None
+                    elif current and head and head[0] == "Anonymous:" and int(head[1]) > 0:
+                        written.add(current)
+        except (OSError, ValueError, IndexError):
+            pass
+        return written
+
+    def threads(self) -> int:
+        try:
+            return len(os.listdir(f"/proc/{self.proc.pid}/task"))
+        except OSError:
+            return 0
+
+    def stat_cpu_s(self) -> float:
+        """utime + stime of the whole process (dead threads included), in seconds (tick resolution)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return float("nan")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.request("exit", timeout=5)
+            except RunnerError:
+                pass
+        self.kill()
+        for fd in (self._cmd_w, self._reply_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class SharedArena:
+    """Tensors the judge allocates for runners. CPU: one file per tensor in a private /dev/shm folder,
+    mapped here read-write (torch.from_file shared) and in the runner as the judge says (inputs
+    read-only). CUDA: plain device tensors, passed as IPC handles."""
+
+    def __init__(self, device, root: Path | None = None):
+        import torch
+
+        self.device = device
+        self.cuda = device.type == "cuda"
+        base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+        # named after the judge's pid: run_worker removes what a killed judge left behind
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{ARENA_PREFIX}{os.getpid()}-", dir=root or base))
+        self._n = itertools.count()
+        self._torch = torch
+        self.paths: dict[int, str] = {}  # id(tensor storage) -> file
+
+    def share(self, t):
+        """A copy of `t` in shared memory (CPU) or `t` itself (CUDA); non-tensors pass through."""
+        torch = self._torch
+        if not isinstance(t, torch.Tensor):
+            return t
+        if self.cuda:
+            return t.contiguous()
+        t = t.contiguous()
+        path = self.dir / f"t{next(self._n)}"
+        numel = t.numel()
+        if numel == 0:
+            return t
+        shared = torch.from_file(str(path), shared=True, size=numel, dtype=t.dtype).view(t.shape)
+        shared.copy_(t)
+        self.paths[shared.untyped_storage().data_ptr()] = str(path)
+        return shared
+
+    def share_dict(self, d: dict) -> dict:
+        return {k: self.share(v) for k, v in d.items()}
+
+    def describe(self, t) -> tuple:
+        """What a runner needs to map `t` (pickled down the pipe)."""
+        torch = self._torch
+        if not isinstance(t, torch.Tensor):
+            return ("value", t)
+        if self.cuda:
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            rebuild, args = reduce_tensor(t)
+            return ("cuda", rebuild, args)
+        if t.numel() == 0:
+            return ("file", "", str(t.dtype), tuple(t.shape), 0)
+        path = self.paths.get(t.untyped_storage().data_ptr())
+        if path is None:
+            raise ValueError("tensor not allocated by this arena (share it first)")
+        return ("file", path, str(t.dtype), tuple(t.shape), t.numel() * t.element_size())
+
+    def release(self, d: dict) -> None:
+        """Forget the files of these tensors (the mappings stay valid; the names go away)."""
+        for t in d.values():
+            if isinstance(t, self._torch.Tensor) and not self.cuda and t.numel():
+                path = self.paths.pop(t.untyped_storage().data_ptr(), None)
+                if path:
+                    Path(path).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -16,7 +16,8 @@ from tools.stats import quantile
 
 CPU_CACHE_BYTES = 32 << 20  # no portable way to read the LLC size; a generous guess
 SET_MEMORY_CAP = {"cuda": 8 << 30, "cpu": 512 << 20}  # bytes all rotated input sets may take
-SHORT_CALL_S = 50e-6  # below this, several calls go in one timed sample
+SHORT_CALL_S = 50e-6
+IDLE_WINDOW_S = 2e-3  # after an integrity probe: how long to watch the idle process for CPU use  # below this, several calls go in one timed sample
 
 
 def tensors_bytes(d: dict) -> int:
@@ -32,13 +33,15 @@ class Timer:
         if self.cuda:
             props = torch.cuda.get_device_properties(device)
             self.cache_bytes = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
-            # writing twice the L2 evicts whatever the previous call left there
-            self._flush = torch.empty(max(256 << 20, 2 * self.cache_bytes), dtype=torch.uint8, device=device)
         else:
             self.cache_bytes = CPU_CACHE_BYTES
-            self._flush = torch.empty(2 * CPU_CACHE_BYTES, dtype=torch.uint8)
+        self._flush = None  # allocated on first use (a judge timing CUDA runners never flushes itself)
 
     def flush(self) -> None:
+        if self._flush is None:
+            # writing twice the cache evicts whatever the previous call left there
+            size = max(256 << 20, 2 * self.cache_bytes) if self.cuda else 2 * self.cache_bytes
+            self._flush = torch.empty(size, dtype=torch.uint8, device=self.device)
         self._flush.zero_()
 
     def run(self, calls: list[Callable[[], None]], flush: bool = True) -> list[float]:
@@ -73,6 +76,36 @@ class Timer:
         self.sync()
         return (time.perf_counter_ns() - t0) * 1e-9
 
+    def probe(self, call: Callable[[], None], idle_s: float = IDLE_WINDOW_S) -> tuple[float, float, float]:
+        """One cold call measured for escapes: (wall, extra, idle_cpu) in seconds.
+
+        Cold like the timed samples (flush first). wall: host time from the call until the device is
+        idle. extra: time outside what the timer measures — on CUDA wall minus the events, on the CPU
+        the process's CPU time beyond the wall time (other threads working during the call) — plus
+        idle_cpu: CPU time the process used in a short idle window after the call returned (work
+        after return, host threads). Honest kernels have extra <= ~0 on the CPU whatever their speed.
+        """
+        self.flush()
+        self.sync()
+        c0 = time.process_time_ns()
+        t0 = time.perf_counter_ns()
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            self.sync()
+        else:
+            call()
+        t1 = time.perf_counter_ns()
+        c1 = time.process_time_ns()
+        wall = (t1 - t0) * 1e-9
+        timed = start.elapsed_time(end) * 1e-3 if self.cuda else wall
+        cpu_beyond = max(0.0, (c1 - c0) * 1e-9 - wall) if not self.cuda else 0.0
+        time.sleep(idle_s)
+        idle_cpu = (time.process_time_ns() - c1) * 1e-9
+        return wall, (wall - timed) + cpu_beyond + idle_cpu, idle_cpu
+
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)
@@ -84,10 +117,11 @@ class Timer:
         return int(max(1, min(want, 16, cap)))
 
 
-def calls_per_sample(single_call_s: float, cap: int = 64) -> int:
-    if single_call_s <= 0 or single_call_s >= SHORT_CALL_S:
+def calls_per_sample(single_call_s: float, cap: int = 64, short_s: float = SHORT_CALL_S) -> int:
+    """Calls per timed sample so one sample spans at least `short_s` (launch and pipe jitter stay small)."""
+    if not math.isfinite(single_call_s) or single_call_s <= 0 or single_call_s >= short_s:
         return 1
-    return int(min(cap, math.ceil(SHORT_CALL_S / single_call_s)))
+    return int(min(cap, math.ceil(short_s / single_call_s)))
 
 
 def summarize(times: list[float]) -> dict:

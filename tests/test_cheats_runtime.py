@@ -1,0 +1,160 @@
+"""Runtime cheats on the CPU task (tests/cheats/rt_*.cpp): each one (a) fools a naive harness — the
+library loaded with ctypes into the harness's own process, timed with its clock, compared once — and
+(b) is rejected by the gate's runtime layers (the judge and its runners: check, paired timing,
+re-checks, probes, physics floor), with a reason that names what it did.
+
+The gate's static source rules are bypassed here on purpose (`Gate.judge_built` on the built
+library): they are not a boundary, and what is tested is what holds when they are fooled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.gate import Gate, GateConfig
+from tools.build import build
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = ROOT / "kernels" / "matmul_cpu"
+CHEATS = Path(__file__).resolve().parent / "cheats"
+GATE = GateConfig(max_seconds=2.0, min_pairs=8)
+
+pytestmark = pytest.mark.slow
+
+NAIVE = r"""
+import ctypes, json, sys, time, torch
+cheat, honest, check_n, time_n, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+torch.manual_seed(0)
+torch.set_num_threads(1)
+def load(p):
+    lib = ctypes.CDLL(p)
+    lib.kloop_matmul.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3
+    return lib
+def bufs(n):
+    return torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+def call(lib, a, b, c):
+    n = a.shape[0]
+    lib.kloop_matmul(a.data_ptr(), b.data_ptr(), c.data_ptr(), n, n, n)
+def best_time(lib, a, b, c, calls=60):
+    ts = []
+    for _ in range(calls):
+        t = time.perf_counter(); call(lib, a, b, c); ts.append(time.perf_counter() - t)
+    return min(ts[-10:])
+h = load(honest)
+a, b, c = bufs(time_n)
+t_honest = best_time(h, a, b, c, 10)
+x = load(cheat)
+# the naive check: one call, inputs compared after it, the output against a loose reference
+ca, cb, cc = bufs(check_n)
+a0 = ca.clone()
+call(x, ca, cb, cc)
+ok = bool(torch.allclose(cc, ca @ cb, rtol=1e-2, atol=1e-2))
+inputs_same = bool(torch.equal(ca, a0))
+t_cheat = best_time(x, a, b, c)
+t_honest_after = best_time(h, a, b, c, 10)
+out = {"ok": ok, "inputs_same": inputs_same, "t_honest": t_honest, "t_cheat": t_cheat, "t_honest_after": t_honest_after}
+try:
+    out["found"] = x.kloop_cheat_found()
+except AttributeError:
+    pass
+print(json.dumps(out))
+"""
+
+
+def naive(cheat_lib: str, honest_lib: str, check_n: int = 96, time_n: int = 192, env: dict | None = None) -> dict:
+    """The naive in-process harness, in a throwaway process (the cheats leave threads and patches)."""
+    proc = subprocess.run([sys.executable, "-c", NAIVE, cheat_lib, honest_lib, str(check_n), str(time_n), "-"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def faster(r: dict, factor: float = 3.0) -> bool:
+    return r["ok"] and r["t_cheat"] * factor < r["t_honest"]
+
+
+# name -> (how it fools the naive harness, what the gate must say)
+CASES = {
+    "rt_cache_pointer": (faster, ("check",), ["wrong results", "call 1"]),
+    "rt_cache_content": (faster, ("timing", "undecided"), []),  # the cache never hits: no gain left
+    "rt_patch_other": (lambda r: r["ok"] and r["t_honest_after"] > 1.5 * r["t_cheat"], ("timing", "undecided"), []),
+    "rt_pyapi": (faster, ("timing", "undecided"), []),
+    "rt_input_scratch": (lambda r: r["ok"] and r["inputs_same"], ("check",), ["modified its inputs"]),
+    "rt_count_calls": (faster, ("timing",), ["outputs of timed calls are wrong"]),
+    "rt_thread_after_return": (faster, ("timing",), ["outside the timed region|outputs of timed calls are wrong"]),
+    "rt_static_ctor": (faster, ("timing",), ["outside the timed region|outputs of timed calls are wrong"]),
+    "rt_less_precise": (lambda r: r["ok"], ("check",), ["wrong results"]),
+    "rt_shape_special": (lambda r: faster(r, 1.5), ("check",), ["wrong results", "sq192"]),
+    "rt_read_environ": (lambda r: r.get("found") == 1, ("timing", "undecided"), []),
+}
+
+
+def task_copy(tmp: Path, cheat: str) -> Path:
+    dest = tmp / cheat
+    shutil.copytree(TASK, dest)
+    shutil.copyfile(CHEATS / f"{cheat}.cpp", dest / "matmul.cpp")
+    shutil.copyfile(CHEATS / "rt_common.h", dest / "rt_common.h")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def gate():
+    return Gate(TASK, "kernels/matmul_cpu", GATE)
+
+
+@pytest.fixture(scope="module")
+def honest(gate, tmp_path_factory):
+    built = build(gate.task, src_root=task_copy(tmp_path_factory.mktemp("honest"), "rt_honest"))
+    assert built.ok, built.error_text()
+    return built
+
+
+@pytest.mark.parametrize("cheat", sorted(CASES))
+def test_runtime_cheat_fools_a_naive_harness_and_not_the_gate(cheat, gate, honest, tmp_path):
+    fooled, stages, words = CASES[cheat]
+    built = build(gate.task, src_root=task_copy(tmp_path, cheat))
+    assert built.ok, built.error_text()
+    env = {"KLOOP_TEST_SECRET": "s3cr3t"} if cheat == "rt_read_environ" else None
+    check_n = 64 if cheat == "rt_shape_special" else 96
+    r = naive(built.lib, honest.lib, check_n=check_n, env=env)
+    assert fooled(r), f"{cheat} does not fool the naive harness: {r}"
+
+    os.environ["KLOOP_TEST_SECRET"] = "s3cr3t"  # the session holds a secret; the judge and runners must not
+    try:
+        v = gate.judge_built(built, honest)
+    finally:
+        os.environ.pop("KLOOP_TEST_SECRET", None)
+    assert not v.accepted, v.summary()
+    assert v.stage in stages, v.summary()
+    for w in words:
+        assert any(alt in v.reason for alt in w.split("|")), v.summary()
+    if cheat == "rt_read_environ":  # passing its check means it never saw the secret (the leak marks C[0])
+        assert v.check is not None and v.check.passed, v.summary()
+
+
+def test_forged_answer_on_the_runners_pipe_is_rejected(gate, honest, tmp_path):
+    """A library that finds the runner's reply pipe and answers before the work is done: the answer
+    lacks the request's nonce, the judge stops that runner, and the check fails saying so."""
+    built = build(gate.task, src_root=task_copy(tmp_path, "rt_forge_answer"))
+    assert built.ok, built.error_text()
+    v = gate.judge_built(built, honest)
+    assert not v.accepted and v.stage == "check" and "out of turn" in v.reason, v.summary()
+
+
+def test_candidate_code_never_loads_into_the_judge(gate, honest):
+    """The judge's process never maps a candidate library: it runs in its runner only."""
+    from tools.remote import LibSession
+
+    with LibSession(gate.task, [honest.lib]) as libs:
+        runner = libs.runners["lib0"]
+        assert runner.proc.pid != os.getpid()
+        maps = Path(f"/proc/{runner.proc.pid}/maps").read_text()
+        assert honest.lib in maps
+    assert honest.lib not in Path("/proc/self/maps").read_text()

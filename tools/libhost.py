@@ -1,0 +1,205 @@
+"""The runner: `python -m tools.libhost CMD_FD REPLY_FD` — the only process that loads a candidate's library.
+
+It is untrusted the moment the library loads, so it decides nothing: it maps the buffers the judge
+allocated (CPU inputs read-only, so a write into an input faults), calls `spec.launch` on them when
+asked, and answers with plain JSON (status, and on CUDA its event times). The judge (tools/worker.py)
+draws the inputs, keeps the seed, computes the references, compares, times and decides.
+
+Messages judge -> runner are pickled (trusted to untrusted); runner -> judge are one JSON object per
+line on a dedicated pipe (never the library's stdout), echoing the request's nonce.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import pickle
+import struct
+import sys
+import time
+import traceback
+import warnings
+
+import torch  # imported before any untrusted code loads (and so the library cannot race it)
+
+from tools.spec import load_spec
+
+_DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+                               torch.int16, torch.int32, torch.int64, torch.bool)}
+
+
+class Host:
+    def __init__(self, cmd_fd: int, reply_fd: int):
+        self.cmd = os.fdopen(cmd_fd, "rb", buffering=0)
+        self.reply_fd = reply_fd
+        self.spec = None
+        self.lib = None
+        self.device = torch.device("cpu")
+        self.stream = 0
+        self.sets: dict = {}  # key -> (dims, inputs, outputs)
+        self.maps: list[mmap.mmap] = []
+        self.flush_buf = None
+
+    # -- wire ------------------------------------------------------------------------------------
+    def recv(self):
+        head = _read_exact(self.cmd, 4)
+        if head is None:
+            return None
+        (n,) = struct.unpack("<I", head)
+        return pickle.loads(_read_exact(self.cmd, n))
+
+    def send(self, obj: dict) -> None:
+        data = (json.dumps(obj, allow_nan=True) + "\n").encode()
+        while data:
+            data = data[os.write(self.reply_fd, data):]
+
+    # -- requests ----------------------------------------------------------------------------------
+    def load(self, spec_path: str, lib_path: str, device: str) -> dict:
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(0)
+            torch.cuda.init()
+            self.stream = torch.cuda.current_stream().cuda_stream
+            props = torch.cuda.get_device_properties(0)
+            l2 = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
+            self.flush_buf = torch.empty(max(256 << 20, 2 * l2), dtype=torch.uint8, device=self.device)
+        else:
+            torch.set_num_threads(1)
+        self.spec = load_spec(spec_path)
+        _lockdown(self.device.type == "cuda")
+        # the untrusted library loads only now (its static constructors run here)
+        self.lib = ctypes.CDLL(os.path.realpath(lib_path), mode=ctypes.RTLD_LOCAL)
+        self.spec.setup(self.lib)
+        return {}
+
+    def bind(self, key, dims: dict, inputs: dict, outputs: dict, writable_inputs: bool = False) -> dict:
+        """Map the buffers. `writable_inputs` (fault diagnosis only): inputs copy-on-write, so a write
+        lands in pages private to this process, which the judge sees in /proc/<pid>/smaps."""
+        self.sets[key] = (dims, {k: self._tensor(v, "private" if writable_inputs else False) for k, v in inputs.items()},
+                          {k: self._tensor(v, True) for k, v in outputs.items()})
+        return {}
+
+    def _tensor(self, desc, writable: bool):
+        kind = desc[0]
+        if kind == "value":
+            return desc[1]
+        if kind == "cuda":
+            rebuild, args = desc[1], desc[2]
+            return rebuild(*args)
+        _, path, dtype, shape, nbytes = desc
+        if nbytes == 0:
+            return torch.empty(shape, dtype=_DTYPES[dtype])
+        # inputs: opened read-only and mapped PROT_READ, so neither a write nor an mprotect can change them
+        fd = os.open(path, os.O_RDWR if writable is True else os.O_RDONLY)
+        try:
+            mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE if writable == "private" else mmap.MAP_SHARED,
+                           prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        finally:
+            os.close(fd)
+        self.maps.append(mm)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "the given buffer is not writable": that is the point
+            t = torch.frombuffer(mm, dtype=_DTYPES[dtype])
+        return t.view(shape)
+
+    def unbind(self, keys: list) -> dict:
+        for k in keys:
+            self.sets.pop(k, None)
+        return {}
+
+    def run(self, calls: list, samples: int = 1, timed: bool = False, flush: bool = False) -> dict:
+        """`samples` times: (flush,) the calls in order; on CUDA each sample timed with events."""
+        times = []
+        cuda = self.device.type == "cuda"
+        for _ in range(samples):
+            if flush:
+                self.flush()
+            if cuda and timed:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            for key in calls:
+                dims, inputs, outputs = self.sets[key]
+                self.spec.launch(self.lib, dims, inputs, outputs, self.stream)
+            if cuda and timed:
+                end.record()
+                times.append((start, end))
+        if cuda:
+            torch.cuda.synchronize()  # every stream of this context idle before the answer
+        return {"times": [s.elapsed_time(e) * 1e-3 for s, e in times]}
+
+    def flush(self) -> dict:
+        if self.device.type == "cuda":
+            if self.flush_buf is not None:
+                self.flush_buf.zero_()
+            _reset_persisting_l2()
+        return {}
+
+    def serve(self) -> None:
+        while True:
+            msg = self.recv()
+            if msg is None:
+                return
+            nonce, op, kw = msg
+            if op == "exit":
+                self.send({"nonce": nonce, "ok": True})
+                return
+            try:
+                out = getattr(self, op)(**kw)
+                self.send({"nonce": nonce, "ok": True, **out})
+            except Exception as exc:
+                self.send({"nonce": nonce, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                           "where": traceback.format_exc(limit=3)[-800:]})
+
+
+_PERSIST_RESET = None
+
+
+def _reset_persisting_l2() -> None:
+    """cudaCtxResetPersistingL2Cache: a persisting access window set by the kernel must not survive the flush."""
+    global _PERSIST_RESET
+    if _PERSIST_RESET is None:
+        _PERSIST_RESET = False
+        for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+            try:
+                fn = ctypes.CDLL(name).cudaCtxResetPersistingL2Cache
+                fn.restype = ctypes.c_int
+                _PERSIST_RESET = fn
+                break
+            except (OSError, AttributeError):
+                continue
+    if _PERSIST_RESET:
+        _PERSIST_RESET()
+
+
+def _lockdown(cuda: bool = False) -> None:
+    """SANDBOX CALL SITE: the seccomp filter of tools/sandbox.py (no exec/fork/ptrace/sockets/...),
+    installed after torch and the spec are imported and before the untrusted library loads, when the
+    judge asks for it (KLOOP_LOCKDOWN=1 in this process's environment)."""
+    from tools.sandbox import lockdown, lockdown_requested
+
+    if lockdown_requested():
+        lockdown(allow_unix_sockets=cuda)  # the CUDA driver's IPC may use unix sockets
+
+
+def _read_exact(f, n: int):
+    buf = b""
+    while len(buf) < n:
+        chunk = f.read(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m tools.libhost CMD_FD REPLY_FD", file=sys.stderr)
+        return 2
+    Host(int(argv[1]), int(argv[2])).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

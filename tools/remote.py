@@ -1,0 +1,175 @@
+"""The judge's view of one library running in its own runner: bind buffers, call, time, probe.
+
+Timing that the runner cannot lie through: on the CPU the judge reads the runner's CPU time from the
+kernel's per-process CPU clock around the round trip (after its own cache flush): every thread of the
+runner counts, the time the runner waited for a core does not (so a loaded machine does not drown
+the ratio), and enough calls go in one sample that the runner's message handling is small. The
+judge's wall clock around the same request is kept beside it: CPU time beyond the wall means
+threads working in parallel, and the integrity probes compare both for best and candidate alike. On CUDA events can only
+be recorded in the process that launches, so the runner times with events after its flush; the
+judge's own wall clock around the request bounds that from above, and the integrity probes compare
+the judge's wall until idle with the reported time, for best and candidate alike (a runner that
+under-reports shows the difference as work outside the timed region).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tools.runner import Runner, RunnerError, SharedArena
+from tools.timing import IDLE_WINDOW_S, SHORT_CALL_S, Timer
+
+CPU_MIN_SAMPLE_S = 2e-3  # a CPU sample spans at least this much work, so message handling (~50 us) is small
+
+
+class RemoteLib:
+    def __init__(self, runner: Runner, arena: SharedArena, device: torch.device, timer: Timer, call_timeout: float):
+        self.runner, self.arena, self.device, self.timer = runner, arena, device, timer
+        self.cuda = device.type == "cuda"
+        self.call_timeout = call_timeout
+        self.min_sample_s = SHORT_CALL_S if self.cuda else CPU_MIN_SAMPLE_S
+        self.bound: set = set()
+        # work after return: the runner's CPU time between an answer and its next request, which an
+        # honest runner (blocked reading its pipe) does not use. Charged to the last timed sample.
+        self.after_return_ns = 0
+        self._idle_from: int | None = None
+        self._pending: tuple[list, int, int] | None = None  # (sink, index, calls) of the last sample
+
+    def load(self, spec_path: str, lib_path: str, timeout: float) -> None:
+        self.runner.request("load", timeout, spec_path=str(spec_path), lib_path=str(lib_path), device=self.device.type)
+
+    def bind(self, key, dims: dict, inputs: dict, outputs: dict, writable_inputs: bool = False) -> None:
+        """Buffers for calls under `key`. Inputs are read-only in the runner (CPU) unless
+        `writable_inputs` (only for the diagnosis of a fault, on copies)."""
+        d = self.arena.describe
+        self.runner.request("bind", self.call_timeout, key=key, dims=dims, writable_inputs=writable_inputs,
+                            inputs={k: d(v) for k, v in inputs.items()}, outputs={k: d(v) for k, v in outputs.items()})
+        self.bound.add(key)
+
+    def _gap(self) -> None:
+        """At the start of every request: CPU the runner used since its last answer."""
+        if self._idle_from is None:
+            return
+        leak = max(0, self.runner.cpu_ns() - self._idle_from)
+        self.after_return_ns += leak
+        if self._pending is not None:
+            sink, i, k = self._pending
+            sink[i] += leak * 1e-9 / k
+
+    def _answered(self) -> None:
+        self._idle_from = self.runner.cpu_ns()
+
+    def _settle(self) -> None:
+        """The judge's own writes (fresh values, poison) finished before a runner reads the buffers."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def call(self, keys: list) -> None:
+        """Untimed calls, in order; returns once the runner's device is idle."""
+        self._settle()
+        self._gap()
+        self.runner.request("run", self.call_timeout, calls=list(keys))
+        self._answered()
+
+    def sample(self, keys: list, sink: list | None = None) -> float:
+        """Seconds per call for the calls `keys` (in order), cache cold before them; appended to `sink`,
+        where CPU the runner uses after answering is added later (work after return costs its time)."""
+        t = self._sample(keys) / len(keys)
+        if sink is not None:
+            sink.append(t)
+            self._pending = (sink, len(sink) - 1, len(keys))
+        return t
+
+    def _sample(self, keys: list) -> float:
+        self._settle()
+        self._gap()
+        if self.cuda:
+            t0 = time.perf_counter()
+            reply = self.runner.request("run", self.call_timeout, calls=list(keys), timed=True, flush=True)
+            wall = time.perf_counter() - t0
+            self._answered()
+            t = _seconds(reply.get("times"), 0)
+            # events can only under-report through a lying runner; never more than the judge's own clock
+            return t if t <= wall else float("nan")
+        self.timer.flush()
+        c0 = self.runner.cpu_ns()
+        self.runner.request("run", self.call_timeout, calls=list(keys))
+        c1 = self.runner.cpu_ns()
+        self._idle_from = c1
+        return (c1 - c0) * 1e-9
+
+    def probe(self, key, idle_s: float = IDLE_WINDOW_S) -> tuple[float, float, float]:
+        """(wall, extra, idle_cpu) of one cold call, measured from outside the runner.
+
+        extra: seconds outside what the timer measures — on CUDA the judge's wall until the runner's
+        device is idle minus its events; on both, the runner's CPU time beyond that wall (other threads
+        working) — plus idle_cpu: the runner's CPU time in a short window after it answered (work after
+        return, threads left running)."""
+        self._settle()
+        self._gap()
+        self._pending = None
+        if self.cuda:
+            self.runner.request("flush", self.call_timeout)
+        else:
+            self.timer.flush()
+        c0 = self.runner.cpu_ns()
+        t0 = time.perf_counter()
+        reply = self.runner.request("run", self.call_timeout, calls=[key], timed=self.cuda)
+        t1 = time.perf_counter()
+        c1 = self.runner.cpu_ns()
+        wall = t1 - t0
+        timed = _seconds(reply.get("times"), 0) if self.cuda else wall
+        time.sleep(idle_s if idle_s == idle_s else IDLE_WINDOW_S)
+        self._idle_from = self.runner.cpu_ns()
+        idle_cpu = (self._idle_from - c1) * 1e-9
+        beyond = max(0.0, (c1 - c0) * 1e-9 - wall)
+        return wall, (wall - timed) + beyond + idle_cpu, idle_cpu
+
+
+def _seconds(xs, i: int) -> float:
+    try:
+        x = float(xs[i])
+    except (TypeError, ValueError, IndexError):
+        return float("nan")
+    return x if x >= 0 else float("nan")
+
+
+def start_runners(names: list[str], scratch) -> dict[str, Runner]:
+    """Start the runners early: their torch import overlaps the judge's own set-up."""
+    return {n: Runner(scratch, n) for n in names}
+
+
+__all__ = ["RemoteLib", "Runner", "RunnerError", "SharedArena", "start_runners", "CPU_MIN_SAMPLE_S"]
+
+
+class LibSession:
+    """Runners for a set of libraries, with their arena and timer: `with LibSession(task, [paths]) as s:`
+    (the gate benchmark keeps runners alive across many trials, as a pre-started judge would)."""
+
+    def __init__(self, task, lib_paths: list[str], names: list[str] | None = None, call_timeout: float = 60.0):
+        import tempfile
+        from pathlib import Path
+
+        self.device = torch.device("cuda" if task.target == "cuda" else "cpu")
+        self._scratch = tempfile.TemporaryDirectory(prefix="kloop-libs-")
+        names = names or [f"lib{i}" for i in range(len(lib_paths))]
+        self.runners = start_runners(names, Path(self._scratch.name))
+        self.arena = SharedArena(self.device)
+        self.timer = Timer(self.device)
+        self.libs = [RemoteLib(self.runners[n], self.arena, self.device, self.timer, call_timeout) for n in names]
+        for lib, path in zip(self.libs, lib_paths):
+            lib.load(task.spec_path, path, 120.0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        for r in self.runners.values():
+            r.close()
+        self.arena.close()
+        self._scratch.cleanup()
