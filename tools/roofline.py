@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tools.task import Task
 
 # Peak rates for the roofline: (value, where it comes from). Measured figures are from the device
