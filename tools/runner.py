@@ -42,8 +42,12 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 def scrubbed_env(base: dict[str, str] | None = None, home: str | os.PathLike | None = None) -> dict[str, str]:
     """A runner's environment: the allow-list of tools/sandbox.py `minimal_env` (so no secret, whatever
-    its name) plus kloop's own package on PYTHONPATH."""
-    return minimal_env({"PYTHONPATH": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1"}, home=home, base=base)
+    its name) plus kloop's own package on PYTHONPATH, then the session's own PYTHONPATH entries (where
+    kloop's dependencies may live, e.g. a --target install): the child must import what the parent did."""
+    src = os.environ if base is None else base
+    paths = [str(PROJECT_ROOT)] + [d for d in src.get("PYTHONPATH", "").split(os.pathsep) if d]
+    return minimal_env({"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), "PYTHONUNBUFFERED": "1"},
+                       home=home, base=base)
 
 
 def runner_command(cmd: list[str], *, scratch: Path, readable: list[Path] = (), writable: list[Path] = (),

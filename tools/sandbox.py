@@ -156,6 +156,8 @@ def toolchain_dirs() -> list[Path]:
             dirs.append(Path(os.environ[var]))
     if os.environ.get("CXX"):
         dirs.append(Path(shutil.which(os.environ["CXX"]) or os.environ["CXX"]).resolve().parent)
+    # where kloop's dependencies may live outside site-packages (a PYTHONPATH --target install)
+    dirs += [Path(d) for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if d and Path(d).is_dir()]
     return _outermost(d for d in dirs if not str(d.resolve()).startswith("/usr/"))
 
 
