@@ -115,7 +115,7 @@ def strip_comments(source: str) -> str:
 class Gate:
     def __init__(self, trusted_dir: Path, task_rel: str, config: GateConfig | None = None):
         """`trusted_dir`: the task folder as of the run's base commit; `task_rel`: its repo-relative path."""
-        self.trusted_dir = Path(trusted_dir)
+        self.trusted_dir = Path(trusted_dir).resolve()  # the judge runs elsewhere: never a relative path
         self.task = load_task(self.trusted_dir)
         self.task_rel = task_rel.strip("/")
         self.config = config or GateConfig()
