@@ -1,0 +1,344 @@
+// paged_decode: one new query token per sequence attending to a paged KV cache (bf16, GQA).
+//
+// Layout (all row-major, contiguous):
+//   q            [batch, q_heads, head_dim]                   bf16
+//   k_cache      [num_pages, page_size, kv_heads, head_dim]   bf16  (vLLM-like page pool)
+//   v_cache      [num_pages, page_size, kv_heads, head_dim]   bf16
+//   block_table  [batch, max_pages_per_seq]                   int32 (page of token t: block_table[b][t / page_size])
+//   context_lens [batch]                                      int32 (tokens 0 .. len-1 are attended; len may be 0)
+//   out          [batch, q_heads, head_dim]                   bf16
+// Query head h reads KV head h / (q_heads / kv_heads).
+//   out[b,h,:] = softmax_t(scale * q[b,h,:] . k[b,t,kvh,:]) @ v[b,t,kvh,:]   (zeros when len == 0)
+//
+// The baseline is deliberately plain (see README.md "Ideas"):
+//   * grid (kv_heads * ceil(group / QHEADS_PER_BLOCK), batch, partitions); a block serves up to
+//     QHEADS_PER_BLOCK query heads of one KV head, so each K/V row it loads is reused that many times;
+//   * inside a block, a "token group" of TPT = min(32, head_dim / VEC) lanes owns one token at a time:
+//     each lane loads VEC contiguous bf16 of the K row (and of the V row), the partial dot products
+//     are summed with warp shuffles, and every lane keeps an online softmax (running max, running
+//     sum, rescaled accumulator) for its slice of head_dim;
+//   * the token groups of the block are merged through shared memory at the end;
+//   * PARTITION_SIZE > 0 splits each sequence into partitions of that many tokens (split-KV); each
+//     (sequence, head, partition) leaves an unnormalised partial result in a scratch buffer that the
+//     library allocates once and grows, and a second kernel merges the partitions.
+// Supported: head_dim 64, 128 or 256; q_heads a multiple of kv_heads; 16-byte aligned pointers.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <mutex>
+#include <stddef.h>
+#include <stdint.h>
+
+// ---- knobs (passed as -D by the build; the values allowed are in task.toml) --------------------
+#ifndef THREADS
+#define THREADS 128  // threads per block of the attention kernel
+#endif
+#ifndef QHEADS_PER_BLOCK
+#define QHEADS_PER_BLOCK 1  // query heads of one GQA group served by one block
+#endif
+#ifndef VEC
+#define VEC 2  // bf16 elements per K/V load of one lane (2: 4-byte, 4: 8-byte, 8: 16-byte loads)
+#endif
+#ifndef PARTITION_SIZE
+#define PARTITION_SIZE 0  // tokens per split-KV partition; 0: one block walks the whole sequence
+#endif
+
+static_assert(THREADS % 32 == 0 && THREADS >= 32 && THREADS <= 1024, "THREADS must be a multiple of 32 in [32, 1024]");
+static_assert(QHEADS_PER_BLOCK >= 1 && QHEADS_PER_BLOCK <= 16, "QHEADS_PER_BLOCK must be in [1, 16]");
+static_assert(VEC == 2 || VEC == 4 || VEC == 8, "VEC must be 2, 4 or 8");
+static_assert(PARTITION_SIZE >= 0, "PARTITION_SIZE must be >= 0");
+
+namespace {
+
+constexpr int REDUCE_THREADS = 128;
+
+// VEC bf16 values read with one load instruction (alignment = size, so 4, 8 or 16 bytes).
+template <int N>
+struct alignas(2 * N) BF16Pack {
+    __nv_bfloat162 v[N / 2];
+};
+
+template <int N>
+__device__ __forceinline__ void load_pack(const __nv_bfloat16* p, float* dst) {
+    const BF16Pack<N> pk = *reinterpret_cast<const BF16Pack<N>*>(p);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+        const float2 f = __bfloat1622float2(pk.v[i]);
+        dst[2 * i] = f.x;
+        dst[2 * i + 1] = f.y;
+    }
+}
+
+// Work split of one head row of D elements over the lanes of a token group.
+template <int D>
+struct RowSplit {
+    static constexpr int VECS = D / VEC;                  // VEC-wide pieces in a row
+    static constexpr int TPT = VECS < 32 ? VECS : 32;     // lanes per token (a power of two)
+    static constexpr int PIECES = VECS / TPT;             // pieces per lane
+    static constexpr int DPL = PIECES * VEC;              // elements of the row held by one lane
+    static constexpr int TOKENS_PER_WARP = 32 / TPT;
+    static constexpr int GROUPS = (THREADS / 32) * TOKENS_PER_WARP;  // token groups per block
+    static_assert(D % VEC == 0 && VECS % TPT == 0 && 32 % TPT == 0, "unsupported head_dim / VEC");
+    // element index of the i-th value held by lane `tl` of its token group
+    __device__ static __forceinline__ int dim(int tl, int i) { return ((i / VEC) * TPT + tl) * VEC + (i % VEC); }
+};
+
+// Attention over tokens [t_begin, t_end) of one sequence for up to QHEADS_PER_BLOCK query heads.
+// Without split-KV it writes `out`; with it, the unnormalised partial sums go to
+// part_acc [batch, q_heads, max_parts, D] and (max, sum) pairs to part_ml [batch, q_heads, max_parts, 2].
+template <int D, bool SPLIT>
+__global__ void __launch_bounds__(THREADS) paged_decode_kernel(
+    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
+    const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_table,
+    const int* __restrict__ context_lens, __nv_bfloat16* __restrict__ out, float* __restrict__ part_acc,
+    float* __restrict__ part_ml, int q_heads, int kv_heads, int page_size, int max_pages_per_seq,
+    int max_parts, float scale) {
+    using S = RowSplit<D>;
+    constexpr int QH = QHEADS_PER_BLOCK;
+
+    const int group = q_heads / kv_heads;
+    const int chunks = (group + QH - 1) / QH;
+    const int kvh = blockIdx.x / chunks;
+    const int h0 = kvh * group + (blockIdx.x % chunks) * QH;  // first query head of this block
+    const int nh = min(QH, (kvh + 1) * group - h0);           // query heads this block serves
+    const int b = blockIdx.y;
+    const int len = context_lens[b];
+
+    int t_begin = 0, t_end = len;
+    if (SPLIT) {
+        t_begin = blockIdx.z * PARTITION_SIZE;
+        if (t_begin >= len) return;  // the merge kernel reads only partitions that hold tokens
+        t_end = min(len, t_begin + PARTITION_SIZE);
+    }
+
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int slot = lane / S::TPT;  // token group within the warp
+    const int tl = lane % S::TPT;    // lane within the token group
+    const int grp = warp * S::TOKENS_PER_WARP + slot;
+
+    // this lane's slice of q (pre-scaled), and its online-softmax state, per query head
+    float qr[QH][S::DPL];
+    float acc[QH][S::DPL];
+    float m[QH], l[QH];
+#pragma unroll
+    for (int h = 0; h < QH; ++h) {
+        m[h] = -INFINITY;
+        l[h] = 0.f;
+#pragma unroll
+        for (int i = 0; i < S::DPL; ++i) acc[h][i] = 0.f;
+        const int hh = h < nh ? h0 + h : h0;  // unused heads repeat the first one (never written)
+        const __nv_bfloat16* qp = q + ((size_t)b * q_heads + hh) * D;
+#pragma unroll
+        for (int p = 0; p < S::PIECES; ++p) load_pack<VEC>(qp + S::dim(tl, p * VEC), &qr[h][p * VEC]);
+#pragma unroll
+        for (int i = 0; i < S::DPL; ++i) qr[h][i] *= scale;
+    }
+
+    const int* table = block_table + (size_t)b * max_pages_per_seq;
+    const size_t row_stride = (size_t)kv_heads * D;  // elements between consecutive tokens of a page
+
+    // The loop bound depends only on the warp, so whole warps take part in the shuffles.
+    for (int base = t_begin + warp * S::TOKENS_PER_WARP; base < t_end; base += S::GROUPS) {
+        const int t = base + slot;
+        const bool valid = t < t_end;
+        float kf[S::DPL], vf[S::DPL];
+        if (valid) {
+            const int page = table[t / page_size];
+            const size_t row = ((size_t)page * page_size + t % page_size) * row_stride + (size_t)kvh * D;
+#pragma unroll
+            for (int p = 0; p < S::PIECES; ++p) {
+                load_pack<VEC>(k_cache + row + S::dim(tl, p * VEC), &kf[p * VEC]);
+                load_pack<VEC>(v_cache + row + S::dim(tl, p * VEC), &vf[p * VEC]);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < S::DPL; ++i) kf[i] = vf[i] = 0.f;
+        }
+#pragma unroll
+        for (int h = 0; h < QH; ++h) {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < S::DPL; ++i) s = fmaf(qr[h][i], kf[i], s);
+#pragma unroll
+            for (int off = S::TPT / 2; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+            if (valid) {
+                const float m_new = fmaxf(m[h], s);
+                const float alpha = expf(m[h] - m_new);  // 0 on the first token (m = -inf)
+                const float p = expf(s - m_new);
+                l[h] = l[h] * alpha + p;
+#pragma unroll
+                for (int i = 0; i < S::DPL; ++i) acc[h][i] = fmaf(p, vf[i], acc[h][i] * alpha);
+                m[h] = m_new;
+            }
+        }
+    }
+
+    // Merge the token groups of the block, one query head at a time.
+    __shared__ float red_m[S::GROUPS];
+    __shared__ float red_l[S::GROUPS];
+    __shared__ float red_acc[S::GROUPS][D];
+#pragma unroll
+    for (int h = 0; h < QH; ++h) {
+        if (h >= nh) break;  // nh is the same for the whole block
+        if (tl == 0) red_m[grp] = m[h];
+        __syncthreads();
+        float mx = -INFINITY;
+        for (int g = 0; g < S::GROUPS; ++g) mx = fmaxf(mx, red_m[g]);
+        const float f = (m[h] == -INFINITY) ? 0.f : expf(m[h] - mx);
+        if (tl == 0) red_l[grp] = l[h] * f;
+#pragma unroll
+        for (int i = 0; i < S::DPL; ++i) red_acc[grp][S::dim(tl, i)] = acc[h][i] * f;
+        __syncthreads();
+        float sum_l = 0.f;
+        for (int g = 0; g < S::GROUPS; ++g) sum_l += red_l[g];
+        const int hq = h0 + h;
+        for (int d = threadIdx.x; d < D; d += THREADS) {
+            float a = 0.f;
+            for (int g = 0; g < S::GROUPS; ++g) a += red_acc[g][d];
+            if (SPLIT) {
+                part_acc[(((size_t)b * q_heads + hq) * max_parts + blockIdx.z) * D + d] = a;
+            } else {
+                out[((size_t)b * q_heads + hq) * D + d] = __float2bfloat16(sum_l > 0.f ? a / sum_l : 0.f);
+            }
+        }
+        if (SPLIT && threadIdx.x == 0) {
+            float* ml = part_ml + (((size_t)b * q_heads + hq) * max_parts + blockIdx.z) * 2;
+            ml[0] = mx;
+            ml[1] = sum_l;
+        }
+        __syncthreads();  // red_* are reused by the next head
+    }
+}
+
+// Split-KV merge: out[b,h,:] = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p over the partitions
+// p that hold tokens. Grid (q_heads, batch).
+template <int D>
+__global__ void __launch_bounds__(REDUCE_THREADS) paged_decode_merge(
+    const float* __restrict__ part_acc, const float* __restrict__ part_ml, const int* __restrict__ context_lens,
+    __nv_bfloat16* __restrict__ out, int q_heads, int max_parts) {
+    const int h = blockIdx.x;
+    const int b = blockIdx.y;
+    const int len = context_lens[b];
+    constexpr int P = PARTITION_SIZE > 0 ? PARTITION_SIZE : 1;  // only instantiated with PARTITION_SIZE > 0
+    const int nparts = min(max_parts, (len + P - 1) / P);
+    const size_t first = ((size_t)b * q_heads + h) * max_parts;
+    const float* ml = part_ml + first * 2;
+    const float* acc = part_acc + first * D;
+
+    float mx = -INFINITY;
+    for (int p = 0; p < nparts; ++p) mx = fmaxf(mx, ml[2 * p]);
+    float sum_l = 0.f;
+    for (int p = 0; p < nparts; ++p) sum_l += ml[2 * p + 1] * expf(ml[2 * p] - mx);
+    for (int d = threadIdx.x; d < D; d += REDUCE_THREADS) {
+        float a = 0.f;
+        for (int p = 0; p < nparts; ++p) a += acc[(size_t)p * D + d] * expf(ml[2 * p] - mx);
+        out[((size_t)b * q_heads + h) * D + d] = __float2bfloat16(sum_l > 0.f ? a / sum_l : 0.f);
+    }
+}
+
+// ---- split-KV scratch: allocated once per device, grown when a call needs more ----------------
+constexpr int MAX_DEVICES = 64;
+std::mutex scratch_lock;
+float* scratch_ptr[MAX_DEVICES] = {};
+size_t scratch_bytes[MAX_DEVICES] = {};
+
+// Not safe for concurrent calls on different streams of one device (they would share the buffer).
+cudaError_t get_scratch(size_t bytes, float** out_ptr) {
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    if (dev < 0 || dev >= MAX_DEVICES) return cudaErrorInvalidDevice;
+    std::lock_guard<std::mutex> guard(scratch_lock);
+    if (scratch_bytes[dev] < bytes) {
+        if (scratch_ptr[dev]) cudaFree(scratch_ptr[dev]);  // synchronises the device: no kernel still uses it
+        scratch_ptr[dev] = nullptr;
+        scratch_bytes[dev] = 0;
+        size_t grown = bytes + bytes / 4;  // headroom, so that slightly larger calls don't reallocate
+        err = cudaMalloc(&scratch_ptr[dev], grown);
+        if (err != cudaSuccess) {
+            scratch_ptr[dev] = nullptr;
+            return err;
+        }
+        scratch_bytes[dev] = grown;
+    }
+    *out_ptr = scratch_ptr[dev];
+    return cudaSuccess;
+}
+
+template <int D>
+cudaError_t launch(const __nv_bfloat16* q, const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                   const int* block_table, const int* context_lens, __nv_bfloat16* out, int batch, int q_heads,
+                   int kv_heads, int page_size, int max_pages_per_seq, float scale, cudaStream_t stream) {
+    const int group = q_heads / kv_heads;
+    const int chunks = (group + QHEADS_PER_BLOCK - 1) / QHEADS_PER_BLOCK;
+    const long long grid_x = (long long)kv_heads * chunks;
+    if (grid_x > 0x7fffffffLL || batch > 65535) return cudaErrorInvalidValue;
+
+    if constexpr (PARTITION_SIZE == 0) {
+        const dim3 grid((unsigned)grid_x, batch, 1);
+        paged_decode_kernel<D, false><<<grid, THREADS, 0, stream>>>(
+            q, k_cache, v_cache, block_table, context_lens, out, nullptr, nullptr, q_heads, kv_heads, page_size,
+            max_pages_per_seq, 1, scale);
+        return cudaGetLastError();
+    } else {
+        // enough partitions for the longest sequence the block table can describe
+        constexpr int P = PARTITION_SIZE > 0 ? PARTITION_SIZE : 1;
+        const long long parts = ((long long)max_pages_per_seq * page_size + P - 1) / P;
+        if (parts > 65535) return cudaErrorInvalidValue;
+        const int max_parts = (int)parts;
+        const size_t n = (size_t)batch * q_heads * max_parts;
+        float* scratch = nullptr;
+        cudaError_t err = get_scratch(n * (D + 2) * sizeof(float), &scratch);
+        if (err != cudaSuccess) return err;
+        float* part_acc = scratch;
+        float* part_ml = scratch + n * D;
+        const dim3 grid((unsigned)grid_x, batch, max_parts);
+        paged_decode_kernel<D, true><<<grid, THREADS, 0, stream>>>(
+            q, k_cache, v_cache, block_table, context_lens, out, part_acc, part_ml, q_heads, kv_heads, page_size,
+            max_pages_per_seq, max_parts, scale);
+        err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+        paged_decode_merge<D><<<dim3(q_heads, batch), REDUCE_THREADS, 0, stream>>>(part_acc, part_ml, context_lens,
+                                                                                  out, q_heads, max_parts);
+        return cudaGetLastError();
+    }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+extern "C" int kloop_paged_decode(const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+                                  const __nv_bfloat16* v_cache, const int* block_table, const int* context_lens,
+                                  __nv_bfloat16* out, int batch, int q_heads, int kv_heads, int head_dim,
+                                  int page_size, int max_pages_per_seq, float scale, cudaStream_t stream) {
+    // Unsupported configurations return an error without launching anything.
+    if (batch < 0 || q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads != 0 || page_size <= 0 ||
+        max_pages_per_seq <= 0)
+        return (int)cudaErrorInvalidValue;
+    if (batch == 0) return (int)cudaSuccess;
+    if (!q || !k_cache || !v_cache || !block_table || !context_lens || !out) return (int)cudaErrorInvalidValue;
+    if (!aligned16(q) || !aligned16(k_cache) || !aligned16(v_cache) || !aligned16(out))
+        return (int)cudaErrorMisalignedAddress;
+    cudaError_t err;
+    switch (head_dim) {
+        case 64:
+            err = launch<64>(q, k_cache, v_cache, block_table, context_lens, out, batch, q_heads, kv_heads, page_size,
+                             max_pages_per_seq, scale, stream);
+            break;
+        case 128:
+            err = launch<128>(q, k_cache, v_cache, block_table, context_lens, out, batch, q_heads, kv_heads,
+                              page_size, max_pages_per_seq, scale, stream);
+            break;
+        case 256:
+            err = launch<256>(q, k_cache, v_cache, block_table, context_lens, out, batch, q_heads, kv_heads,
+                              page_size, max_pages_per_seq, scale, stream);
+            break;
+        default:
+            return (int)cudaErrorInvalidValue;
+    }
+    return (int)err;
+}
