@@ -24,6 +24,7 @@ from markupsafe import Markup
 from plotly.subplots import make_subplots
 
 from agent.run_view import AttemptView, RunView, kernel_deltas
+from tools.fmt import fmt_time as _fmt_time
 
 # one colour per gate stage that can reject; accepted is the staircase's colour
 STAGE_COLORS = {
@@ -58,13 +59,7 @@ def _axis(**kw) -> dict:
 
 
 def fmt_time(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds >= 1e-1:
-        return f"{seconds * 1e3:.1f} ms"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.1f} µs"
+    return _fmt_time(seconds, micro="µs")
 
 
 def _rate_kind(view: RunView, flops: float | None, nbytes: float | None) -> str:

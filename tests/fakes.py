@@ -27,13 +27,19 @@ def make_repo(tmp: Path, timeout_s: int = 20, task: Path = CPU_TASK) -> Path:
     manifest = repo / "kernels" / task.name / "task.toml"
     manifest.write_text(manifest.read_text().replace("timeout_s = 120", f"timeout_s = {timeout_s}"))
     (repo / ".gitignore").write_text("runs/\n")
+    commit_all(repo)
+    return repo
+
+
+def commit_all(repo: Path, message: str = "task") -> git.Repo:
+    """`git init` (if needed) with a test identity, then commit everything in `repo`."""
     r = git.Repo.init(repo)
     with r.config_writer() as cw:
         cw.set_value("user", "name", "Test User")
         cw.set_value("user", "email", "test@example.invalid")
     r.git.add(A=True)
-    r.index.commit("task")
-    return repo
+    r.index.commit(message)
+    return r
 
 
 def fake_port(task: Task, notes_path: Path, files_root: Path | None = None, **more) -> SimpleNamespace:

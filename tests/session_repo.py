@@ -10,6 +10,8 @@ from pathlib import Path
 
 import git
 
+from tests.fakes import commit_all
+
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "kernels" / "matmul_cpu"
 KEY = "sk-test-kloop-never-shown-0123456789abcdef"  # set as ANTHROPIC_API_KEY in servers' environments
@@ -34,12 +36,7 @@ def make_repo(tmp: Path) -> Path:
         text = text.replace(old, new)
     manifest.write_text(text.replace("timeout_s = 120", "timeout_s = 60"))
     (repo / ".gitignore").write_text("runs/\n")
-    r = git.Repo.init(repo)
-    with r.config_writer() as cw:
-        cw.set_value("user", "name", "Test User")
-        cw.set_value("user", "email", "test@example.invalid")
-    r.git.add(A=True)
-    r.index.commit("task")
+    commit_all(repo)
     return task
 
 

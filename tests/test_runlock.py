@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import git
 import pytest
 
+from tests.fakes import commit_all
 from agent.policies.base import Budget
 from agent.records import RunRecord
 from agent.runlock import HOLDER_FILE, RunLock, RunLocked, read_holder
@@ -88,12 +88,7 @@ def make_repo(tmp: Path) -> Path:
     shutil.copytree(ROOT / "kernels" / "matmul_cpu", repo / "kernels" / "matmul_cpu",
                     ignore=shutil.ignore_patterns("__pycache__"))
     (repo / ".gitignore").write_text("runs/\n")
-    r = git.Repo.init(repo)
-    with r.config_writer() as cw:
-        cw.set_value("user", "name", "Test User")
-        cw.set_value("user", "email", "test@example.invalid")
-    r.git.add(A=True)
-    r.index.commit("task")
+    commit_all(repo)
     return repo
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 
-def fmt_time(seconds: float | None) -> str:
-    """A duration with a unit that suits it: '123.5 ms', '1.823 ms', '444.9 us' ('-' when unknown)."""
+def fmt_time(seconds: float | None, micro: str = "us") -> str:
+    """A duration with a unit that suits it: '123.5 ms', '1.823 ms', '444.9 us' ('-' when unknown);
+    `micro` is the microsecond unit's spelling (pages write 'µs')."""
     if seconds is None:
         return "-"
     if seconds >= 1e-1:
         return f"{seconds * 1e3:.1f} ms"
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.1f} us"
+    return f"{seconds * 1e6:.1f} {micro}"
 
 
 def fmt_ms(seconds: float, sep: str = " ") -> str:
