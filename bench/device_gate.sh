@@ -19,7 +19,7 @@ import shutil, tempfile, time
 from pathlib import Path
 from agent.gate import Candidate, Gate, GateConfig
 from tools.build import build
-trusted = Path("kernels/softmax")
+trusted = Path("kernels/softmax").resolve()
 gate = Gate(trusted, "kernels/softmax", GateConfig(max_seconds=3.0))
 best = build(gate.task)
 cand = Path(tempfile.mkdtemp()) / "softmax"
