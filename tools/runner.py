@@ -65,7 +65,6 @@ def runner_command(cmd: list[str], *, scratch: Path, readable: list[Path] = (), 
 
 
 SCRATCH_PREFIX = "kloop-worker-"
-PROGRESS_FILE = "progress"  # the worker writes what it is running (phase, shape, call) here
 _MEMORY_WORDS = ("bad_alloc", "MemoryError", "Cannot allocate memory", "out of memory")
 
 
@@ -99,20 +98,19 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
                 _reap(proc)
         text = reader.text()
         reader.close(proc)
-        where = _progress(Path(tmp, PROGRESS_FILE))
         if not finished:
-            return WorkerResult(ok=False, error=f"timed out after {timeout:.0f} s{where} (hang or far too slow); "
+            return WorkerResult(ok=False, error=f"timed out after {timeout:.0f} s (hang or far too slow); "
                                                 f"output tail: {_tail(text)}")
         memory = _memory_note(limit, peak_rss, text)
         if not out_path.is_file():
-            return WorkerResult(ok=False, error=f"worker {_status(proc.returncode)}{where} without an answer{memory}; "
+            return WorkerResult(ok=False, error=f"worker {_status(proc.returncode)} without an answer{memory}; "
                                                 f"output tail: {_tail(text)}")
         try:
             result = WorkerResult.model_validate_json(out_path.read_text())
         except (ValidationError, ValueError) as exc:
             return WorkerResult(ok=False, error=f"worker answer unreadable: {str(exc)[:300]}")
         if proc.returncode != 0 and result.ok:
-            return WorkerResult(ok=False, error=f"worker {_status(proc.returncode)}{where} after answering{memory}")
+            return WorkerResult(ok=False, error=f"worker {_status(proc.returncode)} after answering{memory}")
         if not result.ok and memory and result.error:
             result.error += memory
         return result
@@ -234,20 +232,6 @@ def _reap(proc: subprocess.Popen) -> None:
         proc.returncode = os.waitstatus_to_exitcode(status)
     except ChildProcessError:
         proc.returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
-
-
-def _progress(path: Path) -> str:
-    """' during check of shape X, call N' from the worker's progress marker ('' when there is none)."""
-    try:
-        fields = dict(f.split("=", 1) for f in path.read_text().split("\x00")[0].split() if "=" in f)
-    except (OSError, ValueError):
-        return ""
-    if not fields.get("shape"):
-        return ""
-    lib = f" ({fields['lib']})" if fields.get("lib") else ""
-    phase = fields.get("phase", "evaluation")
-    call = fields.get("call", "?") + (" or later" if phase == "timing" else "")
-    return f" during {phase} of shape {fields['shape']}{lib}, call {call}"
 
 
 def _memory_limit(req: WorkerRequest) -> int | None:
