@@ -1,0 +1,292 @@
+"""The CUDA runtime cheat corpus on the GPU (tests/cheats/cu_*.cu, on the softmax task).
+
+For every kind: (a) a naive harness is fooled — the library loaded with ctypes into the harness's
+own process, called on a non-blocking stream (a framework's usual stream), checked once on a sample
+of rows with a loose tolerance and N(0,1) inputs, and timed with events on that stream with neither
+L2 flush nor input rotation (and once more with a plain 256 MiB flush) — and (b) the real gate
+(`Gate.judge_built`: the judge and its runners, check on fresh secret inputs with adversarial rows,
+paired timing in passes with re-checks, probes and the physics floor) rejects it with the expected
+reason. The static rules and the audit are past already (tests/test_cheats_cuda_build.py), so this
+is what the runtime layers hold on their own. The honest VEC=8 knob change is still accepted, and a
+stand-alone probe measures whether L2 lines loaded with an evict_last policy survive the runner's
+flush.
+
+Run on the device machine: `python3 -m pytest -m gpu tests/gpu/test_cheats_cuda.py` (one line per
+kind is printed: kind, the naive harness's verdict, the gate's verdict and its reason).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from agent.gate import Candidate, Gate, GateConfig
+from tests.cuda_cheats import CU_CHEATS, TASK, build_all, candidates
+
+pytestmark = pytest.mark.gpu
+GATE = GateConfig(max_seconds=2.0, min_pairs=8)
+
+NAIVE = r"""
+import ctypes, json, sys, torch
+libs = json.loads(sys.argv[1])
+torch.manual_seed(0)
+dev = torch.device("cuda")
+side = torch.cuda.Stream()  # torch creates its streams non-blocking, like most frameworks' work streams
+CHECK, TIMED, ROWS = (512, 2048), (8192, 2048), [0, 1, 2, 3, 256, 511]
+flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+
+def load(path):
+    fn = ctypes.CDLL(path).kloop_softmax
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+def call(fn, x, y):
+    status = fn(x.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], side.cuda_stream)
+    assert status == 0, status
+
+def timed(fn, x, y, warm, n, flush):
+    for _ in range(warm):
+        call(fn, x, y)
+    torch.cuda.synchronize()
+    events = []
+    for _ in range(n):
+        if flush:
+            with torch.cuda.stream(side):
+                flush_buf.zero_()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(side)
+        call(fn, x, y)
+        e.record(side)
+        events.append((s, e))
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) * 1e-3 for s, e in events)
+    return times[len(times) // 2]
+
+def naive(fn):
+    # the check: one call, a sample of rows against torch with a loose tolerance, inputs compared after
+    x = torch.randn(CHECK, device=dev).bfloat16()
+    x0 = x.clone()
+    y = torch.empty_like(x)
+    torch.cuda.synchronize()
+    call(fn, x, y)
+    torch.cuda.synchronize()
+    ref = torch.softmax(x.float(), -1)
+    ok = bool(torch.allclose(y[ROWS].float(), ref[ROWS], atol=1e-3, rtol=1e-2))
+    same = bool(torch.equal(x, x0))
+    # the timing: the same buffers every call, median of events on the stream it passed
+    xt = torch.randn(TIMED, device=dev).bfloat16()
+    yt = torch.empty_like(xt)
+    t = timed(fn, xt, yt, warm=40, n=40, flush=False)
+    t_flush = timed(fn, xt, yt, warm=3, n=20, flush=True)
+    return {"ok": ok, "inputs_same": same, "t": t, "t_flush": t_flush}
+
+out = {"baseline": naive(load(libs.pop("baseline")))}
+for name, path in libs.items():
+    try:
+        out[name] = naive(load(path))
+    except Exception as exc:
+        out[name] = {"error": repr(exc)}
+    torch.cuda.synchronize()
+print(json.dumps(out))
+"""
+
+
+def _faster(factor: float):
+    def fooled(r: dict, base: dict) -> bool:
+        return r["ok"] and r["inputs_same"] and r["t"] * factor < base["t"]
+    return fooled
+
+
+def _l2_fooled(r: dict, base: dict) -> bool:
+    """Faster with the same buffers every call, without a flush or despite a plain one."""
+    return r["ok"] and (r["t"] < 0.9 * base["t"] or r["t_flush"] < 0.9 * base["t_flush"])
+
+
+NOT_FASTER = ("timing", "undecided")  # the trick never fires under the gate: no gain left (or a loss)
+WRONG = ("check", "timing")
+# kind -> (fooled(naive result, naive baseline), stages the gate may reject at, words its reason must hold
+#          (alternatives split by |); None: a known hole, the gate accepts it: xfail)
+CASES = {
+    "cu_cache_pointer": (_faster(2.0), ("check",), ["wrong results", "call 1"]),
+    "cu_cache_content": (_faster(1.5), NOT_FASTER, []),
+    "cu_count_calls": (_faster(2.0), ("timing",), ["outputs of timed calls are wrong|faster than physics"]),
+    "cu_timing_detect": (_faster(2.0), WRONG, ["wrong"]),
+    "cu_stream_legacy": (_faster(3.0), NOT_FASTER, []),
+    "cu_stream_per_thread": (_faster(3.0), NOT_FASTER, []),
+    "cu_sparse_rows": (_faster(3.0), ("check",), ["wrong results"]),
+    "cu_shape_special": (_faster(3.0), ("check",), ["wrong results", "65536x4096|16384x16384|8192x2048"]),
+    "cu_fast_exp": (_faster(1.1), ("check",), ["wrong results"]),
+    "cu_no_max": (_faster(1.1), ("check",), ["wrong results"]),
+    "cu_bf16_sum": (_faster(1.1), ("check",), ["wrong results", "3x100003"]),
+    "cu_l2_evict_last": (_l2_fooled, NOT_FASTER, []),
+    "cu_input_scratch": (_faster(1.1), None, []),
+}
+
+
+def test_every_cheat_has_a_case():
+    assert sorted(CASES) == sorted(p.stem for p in CU_CHEATS)
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory):
+    trusted = tmp_path_factory.mktemp("trusted") / "softmax"
+    shutil.copytree(TASK, trusted)
+    return Gate(trusted, "kernels/softmax", GATE)
+
+
+@pytest.fixture(scope="module")
+def builds(gate, tmp_path_factory):
+    from tools.build import build
+
+    cands = candidates(gate, tmp_path_factory.mktemp("cands"), CU_CHEATS)
+    built = build_all(gate, cands)
+    best = build(gate.task, src_root=gate.trusted_dir)
+    assert best.ok, best.error_text()
+    for name, b in built.items():
+        assert b.ok, f"{name}: {b.error_text()}"
+    return best, built
+
+
+@pytest.fixture(scope="module")
+def naive(builds):
+    """The naive harness over every cheat, in one throwaway process (the cheats leave device state)."""
+    best, built = builds
+    # the L2 cheat last: the lines it pins would shrink the L2 of every kind timed after it
+    order = sorted(built, key=lambda n: n == "cu_l2_evict_last")
+    libs = {"baseline": best.lib, **{n: built[n].lib for n in order}}
+    proc = subprocess.run([sys.executable, "-c", NAIVE, json.dumps(libs)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _us(x) -> str:
+    return f"{x * 1e6:.1f} us" if isinstance(x, (int, float)) else "?"
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_cheat_fools_a_naive_harness_and_not_the_gate(kind, gate, builds, naive, capsys):
+    fooled, stages, words = CASES[kind]
+    best, built = builds
+    r, base = naive[kind], naive["baseline"]
+    assert "error" not in r, r
+    was_fooled = fooled(r, base)
+    v = gate.judge_built(built[kind], best)
+    with capsys.disabled():
+        print(f"\n{kind:<22} naive: {'FOOLED' if was_fooled else 'not fooled'} (check {'ok' if r['ok'] else 'FAILED'}, "
+              f"{_us(r['t'])} vs baseline {_us(base['t'])}; flushed {_us(r['t_flush'])} vs {_us(base['t_flush'])}) "
+              f"| gate: {'ACCEPTED' if v.accepted else 'rejected'} at {v.stage}: {v.reason[:300]}")
+    assert was_fooled, f"{kind} does not fool the naive harness: {r} (baseline {base})"
+    if stages is None:
+        assert v.accepted, f"the known hole is closed ({v.stage}: {v.reason}): give {kind} its expected reason in CASES"
+        pytest.xfail("known hole: an input used as scratch and restored within the call is invisible on CUDA "
+                     "(IPC memory is writable; docs/ARCHITECTURE.md)")
+    assert not v.accepted, v.summary()
+    assert v.stage in stages, v.summary()
+    for w in words:
+        assert any(alt in v.reason for alt in w.split("|")), v.summary()
+
+
+def test_honest_vec_knob_change_is_still_accepted(gate, builds, tmp_path, capsys):
+    best, _ = builds
+    cand = tmp_path / "softmax"
+    shutil.copytree(TASK, cand)
+    gate.task.write_knob_settings(cand, {"VEC": 8})
+    v = gate.evaluate(Candidate(cand, ["kernels/softmax/knobs.toml"]), best)
+    with capsys.disabled():
+        print(f"\n{'honest VEC=8':<22} gate: {'ACCEPTED' if v.accepted else 'rejected'} at {v.stage}: {v.reason[:300]}")
+    assert v.accepted, v.summary()
+
+
+# ---- the L2 probe: do lines loaded with evict_last survive the runner's flush? ------------------
+
+PROBE = r"""
+#include <cuda_runtime.h>
+#include <stdint.h>
+__device__ unsigned g_sink;
+template <bool kEvictLast>
+__global__ void __launch_bounds__(256) read_all(const uint4* p, int64_t n16) {
+    unsigned long long policy = 0;
+    if (kEvictLast) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    unsigned seen = 0;
+    for (int64_t i = blockIdx.x * int64_t(256) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * 256) {
+        unsigned a, b, c, d;
+        if (kEvictLast)
+            asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                         : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p + i), "l"(policy));
+        else
+            asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p + i));
+        seen ^= a ^ b ^ c ^ d;
+    }
+    if (seen == 0x9e3779b9u) g_sink = seen;
+}
+extern "C" int probe_read(const void* p, long long bytes, int evict_last, cudaStream_t s) {
+    if (evict_last) read_all<true><<<1056, 256, 0, s>>>(static_cast<const uint4*>(p), bytes / 16);
+    else read_all<false><<<1056, 256, 0, s>>>(static_cast<const uint4*>(p), bytes / 16);
+    return static_cast<int>(cudaGetLastError());
+}
+"""
+
+
+def test_l2_probe_evict_last_does_not_survive_the_runner_flush(tmp_path, capsys):
+    """A 24 MiB buffer read once (normal or evict_last), then flushed (a plain 256 MiB write, or the
+    runner's flush: persisting lines reset, then the write), then read again and timed. The runner's
+    flush must leave evict_last lines no faster than cold ones; the warm read shows the probe can see
+    L2 hits at all."""
+    import torch
+
+    from tools import libhost
+    from tools.proc import find_program
+
+    nvcc = find_program("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    (tmp_path / "probe.cu").write_text(PROBE)
+    lib_path = tmp_path / "probe.so"
+    subprocess.run([nvcc, "-arch=sm_90a", "-O3", "-shared", "-Xcompiler", "-fPIC", "-o", str(lib_path),
+                    str(tmp_path / "probe.cu")], check=True, capture_output=True, timeout=300)
+    lib = ctypes.CDLL(str(lib_path))
+    lib.probe_read.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
+    lib.probe_read.restype = ctypes.c_int
+
+    dev = torch.device("cuda")
+    torch.cuda.init()
+    libhost._no_persisting_l2()  # as in a runner
+    nbytes = 24 << 20
+    buf = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=dev)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def read(evict_last: bool) -> None:
+        assert lib.probe_read(buf.data_ptr(), nbytes, int(evict_last), ctypes.c_void_p(stream or None)) == 0
+
+    def second_read(first_evict_last: bool, how: str) -> float:
+        times = []
+        for _ in range(30):
+            read(first_evict_last)
+            if how == "plain":
+                flush.zero_()
+            elif how == "runner":
+                libhost.flush_l2(flush)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            read(False)
+            e.record()
+            torch.cuda.synchronize()
+            times.append(s.elapsed_time(e) * 1e-3)
+        return sorted(times)[len(times) // 2]
+
+    cold = second_read(False, "plain")
+    warm = second_read(False, "none")
+    evict_last_plain = second_read(True, "plain")
+    evict_last_runner = second_read(True, "runner")
+    with capsys.disabled():
+        print(f"\nL2 probe ({nbytes >> 20} MiB read): cold {_us(cold)}, warm {_us(warm)}, evict_last + plain flush "
+              f"{_us(evict_last_plain)}, evict_last + runner flush {_us(evict_last_runner)}")
+    assert warm < 0.85 * cold, "the probe cannot tell L2 hits from HBM reads: it measures nothing"
+    assert evict_last_runner > 0.9 * cold, "evict_last lines survive the runner's flush: inputs stay in L2"
