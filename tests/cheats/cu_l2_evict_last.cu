@@ -1,7 +1,8 @@
-// Cheat: inputs kept in L2 across calls. After the baseline's work, a kernel reads x once more with
-// an L2 evict_last policy (createpolicy.fractional.L2::evict_last + ld.global.L2::cache_hint): lines
-// marked so outlive the output's writes and, unless the harness's flush resets them, the flush
-// itself, so the next call on the same x reads it from L2 instead of HBM.
+// Cheat: inputs kept in L2 across calls. After the baseline's work, a kernel touches every 128-byte
+// line of x once more with an L2 evict_last policy (createpolicy.fractional.L2::evict_last +
+// ld.global.L2::cache_hint, one 4-byte load per line: cheap). Lines marked so outlive the output's
+// writes and, unless the harness's flush resets them, the flush itself, so the next call on the same
+// x reads it from L2 instead of HBM.
 // kind: runtime
 #define kloop_softmax kloop_softmax_baseline  // the shipped baseline, bit for bit, under another name
 #include "softmax_baseline.cuh"
@@ -9,15 +10,14 @@
 
 __device__ unsigned g_sink;
 
-__global__ void __launch_bounds__(256) keep_in_l2(const uint4* x, int64_t n16) {
+__global__ void __launch_bounds__(256) keep_in_l2(const unsigned* x, int64_t lines) {
     unsigned long long policy;
-    unsigned seen = 0;
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-    for (int64_t i = blockIdx.x * int64_t(256) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * 256) {
-        unsigned a, b, c, d;
-        asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                     : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(x + i), "l"(policy));
-        seen ^= a ^ b ^ c ^ d;
+    unsigned seen = 0;
+    for (int64_t i = blockIdx.x * int64_t(256) + threadIdx.x; i < lines; i += int64_t(gridDim.x) * 256) {
+        unsigned v;
+        asm volatile("ld.global.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(x + i * 32), "l"(policy));
+        seen ^= v;
     }
     if (seen == 0x9e3779b9u) g_sink = seen;  // the loads are used: never compiled away
 }
@@ -26,7 +26,7 @@ extern "C" int kloop_softmax(const __nv_bfloat16* x, __nv_bfloat16* y, int rows,
     const int status = kloop_softmax_baseline(x, y, rows, cols, stream);
     if (status != 0 || rows <= 0 || cols <= 0) return status;
     const int64_t bytes = static_cast<int64_t>(rows) * cols * 2;
-    if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && bytes >= 16)
-        keep_in_l2<<<1056, 256, 0, stream>>>(reinterpret_cast<const uint4*>(x), bytes / 16);
+    if (reinterpret_cast<uintptr_t>(x) % 4 == 0 && bytes >= 128)
+        keep_in_l2<<<1056, 256, 0, stream>>>(reinterpret_cast<const unsigned*>(x), bytes / 128);
     return static_cast<int>(cudaGetLastError());
 }
