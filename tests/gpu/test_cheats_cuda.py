@@ -115,6 +115,7 @@ WRONG = ("check", "timing")
 CASES = {
     "cu_cache_pointer": (_faster(2.0), ("check",), ["wrong results", "call 1"]),
     "cu_cache_content": (_faster(1.5), NOT_FASTER, []),
+    "cu_output_reuse": (_faster(1.5), NOT_FASTER, []),
     "cu_count_calls": (_faster(2.0), ("timing",), ["outputs of timed calls are wrong|faster than physics"]),
     "cu_timing_detect": (_faster(2.0), WRONG, ["wrong"]),
     "cu_stream_legacy": (_faster(3.0), NOT_FASTER, []),
