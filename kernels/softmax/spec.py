@@ -30,14 +30,14 @@ def _dims(shape: dict) -> tuple[int, int]:
 
 # Adversarial rows, so range and precision shortcuts fail the check (a row's kind is its index mod 8;
 # row 0 and a 1-row matrix stay plain N(0,1)*4):
-#   1: large logits, N(0,1)*1000: x - max reaches -5000, far below exp's fp32 range (-87): an exp that
-#      wraps or overflows there, or a softmax without the max subtraction, fails;
+#   1: large logits, N(0,1)*1000: x - max reaches several thousand below 0, far below exp's fp32
+#      range (-87): an exp that wraps there, or a softmax without the max subtraction, fails;
 #   2: a flat row, every entry the same value N(0,1)*100: every output 1/cols, exactly the case where a
 #      sum kept in bf16 stalls (256 + 1 == 256) and exp(x) without the max overflows;
 #   3: about a quarter of the entries -inf (a masked row), one random entry always finite: exp(-inf)
 #      must give 0, never NaN.
 # Every honest fp32 kernel (expf, exp2f/ex2.approx with a pre-scaled log2(e), online softmax) computes
-# these exactly as the reference does up to bf16 rounding, so the tolerance below is unchanged.
+# these as the reference does up to bf16 rounding, so the task's tolerance is unchanged.
 LARGE_SCALE = 1000.0
 FLAT_SCALE = 100.0
 MASKED_FRACTION = 0.25
