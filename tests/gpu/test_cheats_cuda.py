@@ -235,7 +235,7 @@ extern "C" int probe_read(const void* p, long long bytes, int evict_last, cudaSt
 
 
 def test_l2_probe_evict_last_does_not_survive_the_runner_flush(tmp_path, capsys):
-    """A 24 MiB buffer read once (normal or evict_last), then flushed (a plain 256 MiB write, or the
+    """A 16 MiB buffer read once (normal or evict_last), then flushed (a plain 256 MiB write, or the
     runner's flush: persisting lines reset, then the write), then read again and timed. The runner's
     flush must leave evict_last lines no faster than cold ones; the warm read shows the probe can see
     L2 hits at all."""
@@ -258,7 +258,7 @@ def test_l2_probe_evict_last_does_not_survive_the_runner_flush(tmp_path, capsys)
     dev = torch.device("cuda")
     torch.cuda.init()
     libhost._no_persisting_l2()  # as in a runner
-    nbytes = 24 << 20
+    nbytes = 16 << 20  # well inside one L2 partition (2 x 25 MB on the H100/H200 die)
     buf = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=dev)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
     stream = torch.cuda.current_stream().cuda_stream
