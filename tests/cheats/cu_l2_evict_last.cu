@@ -1,8 +1,8 @@
 // Cheat: inputs kept in L2 across calls. After the baseline's work, a kernel touches every 32-byte
 // sector of x once more with an L2 evict_last policy (createpolicy.fractional.L2::evict_last +
-// ld.global.L2::cache_hint, one 4-byte load per sector: a quarter of a full read's instructions). Lines marked so outlive the output's
-// writes and, unless the harness's flush resets them, the flush itself, so the next call on the same
-// x reads it from L2 instead of HBM.
+// ld.global.L2::cache_hint, one 4-byte load per sector: a quarter of a full read's instructions).
+// Lines marked so outlive the output's writes and, unless the harness's flush resets them, the
+// flush itself, so the next call on the same x reads it from L2 instead of HBM.
 // kind: runtime
 #define kloop_softmax kloop_softmax_baseline  // the shipped baseline, bit for bit, under another name
 #include "softmax_baseline.cuh"
