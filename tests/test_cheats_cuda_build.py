@@ -49,3 +49,24 @@ def test_runtime_cheat_gets_past_static_rules_and_audit(built, cheat):
     report = gate.audit(res)
     assert report.ok, report.reason()
     assert any("softmax" in k.name or "rows" in k.name for k in res.kernels), [k.name for k in res.kernels]
+
+
+def test_runner_flush_resets_persisting_lines_before_the_write(monkeypatch):
+    """The L2 flush of a CUDA runner: persisting lines demoted first, then the write that evicts them
+    (the other order leaves lines kept through the write in L2, and the next call reads them there)."""
+    from tools import libhost
+
+    order = []
+
+    class Buf:
+        def zero_(self):
+            order.append("write")
+
+    monkeypatch.setattr(libhost, "_reset_persisting_l2", lambda: order.append("reset"))
+    libhost.flush_l2(Buf())
+    assert order == ["reset", "write"]
+    host = libhost.Host.__new__(libhost.Host)
+    host.device, host.flush_buf = __import__("torch").device("cuda"), Buf()
+    order.clear()
+    host.flush()
+    assert order == ["reset", "write"]
