@@ -27,8 +27,15 @@ from tools.spec import Spec
 from tools.stats import Estimate, combine, median as _median, t_quantile_975, trimmed_estimate
 from tools.timing import SET_MEMORY_CAP, Timer, calls_per_sample, tensors_bytes
 
-RECHECK_PER_PASS = 2  # candidate outputs re-checked after every pass, sets drawn at random
-MAX_SETS = 64
+# Each pass pays for fresh inputs, two cold probes and re-checks against the reference (for a big
+# attention shape the reference alone takes longer than many timed calls), so a pass holds several
+# pairs: one set per call, never reused within the pass. 1 pair per pass gave 8 pairs of a 0.27 ms
+# shape in a 4 s decision on the H200 ("undecided" on a clear +10%).
+PAIRS_PER_PASS = 8
+RECHECK_FRACTION = 0.25  # of the candidate's timed calls of a pass, at random, and at least RECHECK_MIN
+RECHECK_MIN = 2
+MIN_PASSES = 4  # so the escape verdict rests on at least this many cold probes per side
+MAX_SETS = 256
 
 
 class _Shape:
@@ -76,10 +83,11 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         single = min(lib_a.sample([st.key(i % len(st.sets))]) for i in range(3))
         lib_a._pending = lib_b._pending = None
         st.k = calls_per_sample(single, short_s=lib_a.min_sample_s)
-        # within a pass no set may be called twice by one side: enough sets for a whole sample
+        # within a pass no set may be called twice by one side: enough sets for PAIRS_PER_PASS samples
+        # (at least one whole sample) in the memory cap
         per_set = tensors_bytes(st.sets[0][0]) + 2 * tensors_bytes(st.sets[0][1])
         cap = SET_MEMORY_CAP["cuda" if device.type == "cuda" else "cpu"] // max(per_set, 1)
-        while len(st.sets) < min(st.k, MAX_SETS, max(cap, 1)):
+        while len(st.sets) < max(min(st.k, cap), min(st.k * PAIRS_PER_PASS, MAX_SETS, cap)):
             _add_set(spec, st, share(spec.make_inputs(dims, gen, device)), share, lib_a, lib_b)
         st.k = min(st.k, len(st.sets))
         states.append(st)
@@ -95,7 +103,7 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         total = combine(ests, [st.weight for st in states])
         z = t_quantile_975(min(e.effective_df() for e in ests))
         lo, hi = total.mean - z * total.se, total.mean + z * total.se
-        enough = all(len(st.log_ratios) >= min_pairs for st in states)
+        enough = all(len(st.log_ratios) >= min_pairs and st.passes >= MIN_PASSES for st in states)
         if any(st.problem for st in states):
             stopped = "wrong timed outputs"
             break
@@ -189,7 +197,8 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
         lib = lib_a if which == "a" else lib_b
         st.probes[which].append(lib.probe(st.key(probe_set), idle_s))
     st.passes += 1
-    for i in rng.sample(called, min(RECHECK_PER_PASS, len(called))):
+    recheck = max(RECHECK_MIN, math.ceil(RECHECK_FRACTION * len(called)))
+    for i in rng.sample(called, min(recheck, len(called))):
         problem = recheck_set(task, spec, st, i)
         st.rechecked += 1
         if problem and st.problem is None:
