@@ -30,7 +30,6 @@ import sys
 import tempfile
 import threading
 import time
-import weakref
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -168,7 +167,11 @@ class JudgeStandby:
             preexec_fn=functools.partial(_own_group_dies_with_parent, self.limit)))
         self.reader = _OutputReader(self.proc)
         self.closed = False
-        _LIVE_STANDBYS.add(self)
+        with _LIVE_LOCK:
+            _LIVE_STANDBYS.append(self)
+            surplus = _LIVE_STANDBYS[:-MAX_STANDBYS]
+        for old in surplus:  # gates nobody closed (tests, replays): never more than a few trees warm
+            old.close()
 
     def alive(self) -> bool:
         return not self.closed and self.proc.poll() is None
@@ -181,6 +184,7 @@ class JudgeStandby:
         """The judge's answer to `req`; None when this standby cannot take it (dead, another task)."""
         if not self.alive() or Path(req.task_dir).resolve() != self.task_dir:
             return None
+        _forget(self)  # in use: no longer a spare that a newer standby may close
         was_ready = self.ready()
         libs = []
         for i, lib in enumerate(req.libs):
@@ -201,7 +205,7 @@ class JudgeStandby:
         if self.closed:
             return
         self.closed = True
-        _LIVE_STANDBYS.discard(self)
+        _forget(self)
         try:
             if self.proc.returncode is None:
                 kill_group(self.proc)
@@ -255,7 +259,15 @@ class StandbySlot:
             cur.close()
 
 
-_LIVE_STANDBYS: "weakref.WeakSet[JudgeStandby]" = weakref.WeakSet()
+MAX_STANDBYS = 2  # live pre-started trees per process; starting another closes the oldest
+_LIVE_STANDBYS: list[JudgeStandby] = []
+_LIVE_LOCK = threading.Lock()
+
+
+def _forget(standby: JudgeStandby) -> None:
+    with _LIVE_LOCK:
+        if standby in _LIVE_STANDBYS:
+            _LIVE_STANDBYS.remove(standby)
 
 
 @atexit.register
