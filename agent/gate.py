@@ -238,7 +238,6 @@ class Gate:
             sass_wait = round(time.monotonic() - clock[0], 3)
             v.stage_seconds = {**stages, **judged, "sass": sass_wait} if v.build is not None else {**stages, **judged}
             v.seconds = round(time.monotonic() - started, 2)
-            self.standby.refill()  # the next decision's judge warms up while the agent works
             return v
 
         if best is not None and not cand.changed:
@@ -291,6 +290,7 @@ class Gate:
         t0 = time.monotonic()
         res = run_worker(req, timeout=timeout, standby=self.standby.take())
         wall = time.monotonic() - t0
+        self.standby.refill()  # the next decision's judge warms up while the agent works (not on a Ctrl-C)
         inner = {k: v for k, v in res.stage_seconds.items() if k in ("check", "timing")}
         stages = {"processes": round(max(0.0, wall - sum(inner.values())), 3), **inner}
         return res, stages
@@ -333,7 +333,6 @@ class Gate:
         res, stages = self._run_judge(self.ab_request(best.lib, built.lib, timing_seed),
                                       timeout=m.timeout_s + 4 * self.config.max_seconds + 60)
         verdict = self._timed_verdict(res, built, best, check, check_seed, timing_seed)
-        self.standby.refill()
         return verdict.model_copy(update=dict(stage_seconds=stages, judge=res.standby,
                                               seconds=round(time.monotonic() - started, 2)))
 
