@@ -13,7 +13,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$out/gpu.txt"
 timeout 280 python3 -m pytest -q -x -m gpu tests/gpu -s -p no:cacheprovider > "$out/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$?"; tail -5 "$out/gpu_tests.txt"
-timeout 240 python3 bench/gate_bench.py --task kernels/softmax --aa 100 --gains 0.02:100 --quiet --json "$out/gate_bench.json" > "$out/gate_bench.txt" 2>&1
+timeout 240 python3 bench/gate_bench.py --task kernels/softmax --aa 100 --gains 0.02:100 --budget 225 --quiet --json "$out/gate_bench.json" > "$out/gate_bench.txt" 2>&1
 echo "gate bench rc=$?"; tail -8 "$out/gate_bench.txt"
 # two real softmax decisions (standby judge, check, timing), stage by stage
 timeout 120 python3 bench/decision_overhead.py --task "$PWD/kernels/softmax" --knob VEC=8 --decisions 2 2>&1 | tee "$out/overhead.txt"

@@ -57,12 +57,13 @@ def built_lib(task, flags: list[str]) -> str:
 
 
 def run_trials(gate: Gate, slot: StandbySlot, shape: str, path_a: str, path_b: str, n: int, label: str,
-               log) -> tuple[list[dict], dict]:
-    """`n` decisions of best `path_a` against candidate `path_b` in ONE judge (one request)."""
+               log, budget_s: float = 0.0) -> tuple[list[dict], dict]:
+    """`n` decisions of best `path_a` against candidate `path_b` in ONE judge (one request); with
+    `budget_s`, no trial starts after that many seconds of trials (fewer trials, said so)."""
     cfg, task = gate.config, gate.task
     req = gate.ab_request(path_a, path_b, secrets.randbits(62)).model_copy(update={
         "shapes": [shape], "allowances": {shape: task.allowance(task.shape(shape))}, "weights": {shape: 1.0},
-        "trials": n})
+        "trials": n, "trials_seconds": budget_s})
     t0 = time.monotonic()
     res = run_worker(req, timeout=n * (4 * cfg.max_seconds + 15) + 180, standby=slot.take())
     wall = time.monotonic() - t0
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gains", default="0.005:40,0.02:40,0.03:40", help="gain:trials,...")
     ap.add_argument("--max-seconds", type=float, default=GateConfig().max_seconds, help="timing cap per decision")
     ap.add_argument("--json", type=Path, default=None, help="write every trial here")
+    ap.add_argument("--budget", type=float, default=0.0,
+                    help="seconds for the whole run (0: none): each case's trials stop early, pro rata, to fit")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
@@ -149,10 +152,14 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     try:
-        for label, delay_ns, path_a, path_b, n in cases:
+        for c, (label, delay_ns, path_a, path_b, n) in enumerate(cases):
             path_a = path_a if isinstance(path_a, str) else path_a.result()
             name = f"gain {label}" if label != "A/A" else "A/A"
-            trials, meta = run_trials(gate, slot, shape, path_a, path_b, n, name, log)
+            budget = 0.0
+            if args.budget:  # what is left, shared by the cases to come by their trial counts, less start-ups
+                left = args.budget - (time.monotonic() - started) - 10 * (len(cases) - c)
+                budget = max(1.0, left * n / sum(k for *_, k in cases[c:]))
+            trials, meta = run_trials(gate, slot, shape, path_a, path_b, n, name, log, budget)
             true, true_lo, true_hi = pooled(trials)
             accepted = sum(t["accepted"] for t in trials)
             rate = accepted / max(1, len(trials))
@@ -160,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             met = None if target is None else (rate <= target if op == "<=" else rate >= target)
             secs = [t["timing_s"] for t in trials]
             row = {"case": "A/A" if label == "A/A" else f"gain {100 * label:g}%", "delay_ns": delay_ns,
-                   "trials": len(trials), "accepted": accepted, "rate": rate,
+                   "trials": len(trials), "trials_asked": n, "accepted": accepted, "rate": rate,
                    "target": f"{op} {target:.0%}" if target is not None else "", "met": met,
                    "true_speedup": true, "true_ci": [true_lo, true_hi],
                    "timing_s_mean": sum(secs) / len(secs), "timing_s_max": max(secs),
@@ -187,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['overhead_s_mean']:>10.3f} {r['pairs_mean']:>6.0f}")
     print("s/decision: the trial's seconds in the judge plus its share of the judge's and runners' start-up and "
           "loads; overhead: s/decision less the paired timing itself")
+    short = [f"{r['case']} {r['trials']} of {r['trials_asked']}" for r in rows if r["trials"] < r["trials_asked"]]
+    if short:
+        print("fewer trials than asked, to fit --budget: " + ", ".join(short))
     return 0 if all(r["met"] in (None, True) for r in rows) else 1
 
 

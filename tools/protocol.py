@@ -169,6 +169,7 @@ class WorkerRequest(BaseModel):
     # ab: independent decisions on the same two runners (the gate benchmark); each draws its own
     # timing seed from `seed` in the judge, fresh input sets and its own statistics
     trials: int = 1
+    trials_seconds: float = 0.0  # ab with trials > 1: start no new trial after this many seconds (0: no limit)
 
 
 class WorkerResult(BaseModel):

@@ -142,6 +142,8 @@ def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
                 try:
                     for s in seeds:
                         t3 = time.monotonic()
+                        if req.trials_seconds and reports and t3 - t2 > req.trials_seconds:
+                            break  # the benchmark's time budget: the trials done so far are the answer
                         reports.append(ab_in_process(task, spec, libs[0], libs[1], req.shapes, s, device,
                                                      req.max_seconds, req.min_pairs, req.target_halfwidth,
                                                      req.min_gain, req.allowances, req.weights, arena))
