@@ -116,7 +116,8 @@ class Verdict(BaseModel):
         parts = ", ".join(f"{k} {v:.2f}" for k, v in self.stage_seconds.items())
         judge = {"cold": "judge started cold", "warming": "judge pre-started, still warming",
                  "ready": "judge pre-started and ready"}.get(self.judge or "", "")
-        return f"seconds: {self.seconds:.2f} = {parts}" + (f" ({judge})" if judge else "")
+        total = self.seconds or sum(self.stage_seconds.values())  # judge_built alone sets no total
+        return f"seconds: {total:.2f} = {parts}" + (f" ({judge})" if judge else "")
 
 
 @dataclass
