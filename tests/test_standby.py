@@ -202,3 +202,23 @@ def test_trials_in_one_request_are_independent_decisions(setup):
     assert len(res.trials) == 3 and len(res.trial_seconds) == 3 and res.ab == res.trials[0]
     assert len({t.speedup for t in res.trials}) == 3  # fresh seeds and sets: not one decision repeated
     assert not any(gate.judge(ab).accepted for ab in res.trials)  # A/A
+
+
+def test_the_libraries_are_read_only_in_the_sandbox(setup):
+    """The gate copies both libraries into the tree's libs/ folder: outside every writable path, bound
+    read-only, so neither runner can patch the other's code through the file; lockdown is asked for."""
+    from tools.sandbox import LOCKDOWN_VAR, status
+
+    standby = JudgeStandby(TASK)
+    try:
+        assert not standby.libs.is_relative_to(standby.scratch)
+        if status().namespaces:
+            args = standby.argv
+            ro = [args[i + 1] for i, a in enumerate(args) if a == "--ro-bind"]
+            rw = [args[i + 1] for i, a in enumerate(args) if a == "--bind"]
+            assert str(standby.libs) in ro and not any(standby.libs.is_relative_to(w) for w in rw), args
+            if status().seccomp:  # the runners install the filter before their library loads
+                i = args.index(LOCKDOWN_VAR)
+                assert args[i - 1] == "--setenv" and args[i + 1] == "1"
+    finally:
+        standby.close()

@@ -161,6 +161,7 @@ class JudgeStandby:
         self.limit = _memory_limit(str(self.task_dir))
         cmd = [sys.executable, "-m", "tools.worker", "--standby", str(self.task_dir), str(self.scratch), str(self.out_path)]
         argv, env = runner_command(cmd, scratch=self.scratch, readable=[self.task_dir, self.libs], lockdown=True)
+        self.argv = argv
         self.started = time.monotonic()
         self.proc = _keeper_call(lambda: subprocess.Popen(
             argv, cwd=self.scratch, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
