@@ -231,9 +231,14 @@ class StandbySlot:
         self.enabled = enabled and standby_enabled()
         self._current: JudgeStandby | None = None
         self._lock = threading.Lock()
+        self._no_gpu: bool | None = None  # a CUDA task on a machine without a GPU (known at the first refill)
 
     def refill(self) -> None:
         if not self.enabled:
+            return
+        if self._no_gpu is None:
+            self._no_gpu = self._needs_missing_gpu()
+        if self._no_gpu:  # its judge could only say "no GPU here": a cold one says it as well
             return
         with self._lock:
             if self._current is not None and self._current.alive():
@@ -244,6 +249,15 @@ class StandbySlot:
                 self._current = JudgeStandby(self.task_dir)
             except OSError:  # cannot start processes now: the next request starts its own
                 self._current = None
+
+    def _needs_missing_gpu(self) -> bool:
+        from tools.task import TaskError, load_task
+
+        try:
+            cuda = load_task(self.task_dir).target == "cuda"
+        except (TaskError, OSError):
+            return False
+        return cuda and not any(Path("/dev").glob("nvidia*"))
 
     def take(self) -> JudgeStandby | None:
         with self._lock:
