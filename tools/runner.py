@@ -183,8 +183,8 @@ class JudgeStandby:
 
     def answer(self, req: WorkerRequest, timeout: float) -> WorkerResult | None:
         """The judge's answer to `req`; None when this standby cannot take it (dead, another task)."""
-        if not self.alive() or Path(req.task_dir).resolve() != self.task_dir:
-            return None
+        if not self.alive() or Path(req.task_dir).resolve() != self.task_dir or self.out_path.exists():
+            return None  # dead, another task, or it failed while warming up (its answer says why): a cold judge
         _forget(self)  # in use: no longer a spare that a newer standby may close
         was_ready = self.ready()
         libs = []

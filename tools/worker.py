@@ -34,9 +34,9 @@ def call_timeout(task) -> float:
 
 class Judge:
     """The judge's processes and buffers for one request: a runner per library, the arena, the timer.
-    `start()` brings them up (the runners importing torch beside the judge); `prepare()` has the
-    runners set up their device, the trusted spec and their seccomp filter before any library is
-    named, which is all a pre-started standby does before it waits for its request."""
+    Constructing it starts the runners (their torch import overlaps the judge's own set-up);
+    `prepare()` has them set up their device, the trusted spec and their seccomp filter before any
+    library is named: all a pre-started standby does before it waits for its request."""
 
     def __init__(self, task, names: list[str], scratch: Path):
         from tools.device import describe
