@@ -301,6 +301,9 @@ class Progress:
             line = f"[bold]attempt {event.attempt}[/]: {event.title}"
         elif kind == "verdict":
             line = f"  {'[green]accepted[/]' if event.accepted else '[red]rejected[/]'}: {event.reason[:300]}"
+            stages = (getattr(event, "figures", None) or {}).get("stage_seconds") or {}
+            if stages:  # where the decision's seconds went
+                line += "\n  [dim]" + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()) + " s[/]"
         elif kind == "baseline":
             line = "baseline built, checked and timed"
         elif kind == "llm_retry":

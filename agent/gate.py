@@ -17,6 +17,8 @@ import secrets
 import shutil
 import tempfile
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -30,7 +32,7 @@ from tools.build import BuildResult, build
 from tools.check import format_check
 from tools.fmt import fmt_ms, fmt_speedup
 from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest
-from tools.runner import run_worker
+from tools.runner import StandbySlot, run_worker
 
 Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "accepted", "interrupted"]
 UNDECIDED = "undecided (noisy machine)"
@@ -55,6 +57,9 @@ class GateConfig(BaseModel):
     best_slowdown_limit: float = 2.5
     # refuse to run where the host cannot sandbox untrusted code (tools/sandbox.py status())
     require_sandbox: bool = False
+    # keep one judge (and its two runners) pre-started for the next decision (tools/runner.JudgeStandby);
+    # KLOOP_STANDBY=off turns it off too. Changes no verdict: only where the start-up seconds go.
+    standby: bool = True
 
 
 class Verdict(BaseModel):
@@ -78,6 +83,11 @@ class Verdict(BaseModel):
     # SASS instruction mix per kernel (mangled name -> families, memory widths, MUFU, total) of what was built
     sass: dict[str, dict] = Field(default_factory=dict)
     sass_error: str | None = None
+    # where the decision's seconds went, in order: scope (and static rules), build, audit, processes
+    # (the judge's and runners' start, the libraries' load, teardown: what a pre-started judge saves),
+    # check, timing, sass (waiting for the SASS figures after the verdict)
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
+    judge: str | None = None  # "cold" | "warming" | "ready": was the judge pre-started, and warm?
 
     def figures(self) -> dict:
         """The numbers a run record keeps (everything but bulky reports)."""
@@ -95,9 +105,19 @@ class Verdict(BaseModel):
             lines.append(f"  timing: {self.ab.pairs} pairs in {self.ab.timing_seconds:.1f} s ({self.ab.stopped_because})")
         if self.check and not self.check.passed:
             lines.append(format_check(self.check))
+        if self.stage_seconds:
+            lines.append("  " + self.stages_line())
         if self.device:
             lines.append(f"  measured on {self.device.label()}")
         return "\n".join(lines)
+
+    def stages_line(self) -> str:
+        """One line: where this decision's seconds went."""
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in self.stage_seconds.items())
+        judge = {"cold": "judge started cold", "warming": "judge pre-started, still warming",
+                 "ready": "judge pre-started and ready"}.get(self.judge or "", "")
+        total = self.seconds or sum(self.stage_seconds.values())  # judge_built alone sets no total
+        return f"seconds: {total:.2f} = {parts}" + (f" ({judge})" if judge else "")
 
 
 @dataclass
@@ -122,6 +142,19 @@ class Gate:
         self._recorded_times: dict[str, dict[str, float]] = {}  # lib -> shape -> seconds when it was accepted
         # progress callback: on_stage(stage, state, ok=None, seconds=None), e.g. ("check", "started")
         self.on_stage = None
+        # one pre-started judge for the next decision, warming while the agent works
+        self.standby = StandbySlot(self.trusted_dir, enabled=self.config.standby)
+        weakref.finalize(self, self.standby.close)
+
+    def close(self) -> None:
+        """Stop the pre-started judge (a later decision starts a new one)."""
+        self.standby.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _stage(self, stage: str, state: str, **info) -> None:
         if self.on_stage is not None:
@@ -188,10 +221,23 @@ class Gate:
     def evaluate(self, cand: Candidate, best: BuildResult | None) -> Verdict:
         """Judge a candidate against the best build (None: a baseline evaluation, no timing)."""
         started = time.monotonic()
+        stages: dict[str, float] = {}
+        clock = [started]
+        sass_job: list = []  # the SASS figures, read from the binary while the judge runs it
+
+        def lap(name: str) -> None:
+            now = time.monotonic()
+            stages[name] = round(stages.get(name, 0.0) + now - clock[0], 3)
+            clock[0] = now
 
         def done(v: Verdict) -> Verdict:
+            if not stages:
+                lap("scope")
+            judged = v.stage_seconds  # processes, check, timing: measured around the judge
             if v.build is not None and v.build.ok and v.build.lib:  # the record keeps what the build became
-                v.sass, v.sass_error = sass_figures(self.task, v.build.lib)
+                v.sass, v.sass_error = sass_job[0].result() if sass_job else sass_figures(self.task, v.build.lib)
+            sass_wait = round(time.monotonic() - clock[0], 3)
+            v.stage_seconds = {**stages, **judged, "sass": sass_wait} if v.build is not None else {**stages, **judged}
             v.seconds = round(time.monotonic() - started, 2)
             return v
 
@@ -208,24 +254,47 @@ class Gate:
         if hits:
             return done(Verdict(accepted=False, stage="static", static_hits=hits,
                                 reason="forbidden patterns: " + "; ".join(hits)))
+        lap("scope")
+        self.standby.refill()  # the first decision's judge warms up during the build
         self._stage("build", "started")
         try:
             built = self.build(cand)
         except TaskError as exc:  # e.g. a knobs.toml with a value the manifest does not allow
             self._stage("build", "finished", ok=False, seconds=time.monotonic() - started)
+            lap("build")
             return done(Verdict(accepted=False, stage="build", reason=str(exc)))
         self._stage("build", "finished", ok=built.ok, seconds=time.monotonic() - started)
+        lap("build")
         if not built.ok:
             return done(Verdict(accepted=False, stage="build", build=built,
                                 reason="build failed: " + built.error_text()[:1500]))
+        if self.task.target == "cuda" and built.lib:  # cuobjdump reads the binary, never runs it
+            pool = ThreadPoolExecutor(1, thread_name_prefix="kloop-sass")
+            sass_job.append(pool.submit(sass_figures, self.task, built.lib))
+            pool.shutdown(wait=False)
         try:
             audited = self.audit(built)
         except (AuditError, OSError) as exc:
+            lap("audit")
             return done(Verdict(accepted=False, stage="build", build=built, reason=f"audit of the build failed: {exc}"))
+        lap("audit")
         if not audited.ok:
             return done(Verdict(accepted=False, stage="build", build=built, audit=audited,
                                 reason="audit of what was built: " + audited.reason()))
-        return done(self.judge_built(built, best))
+        verdict = self.judge_built(built, best)
+        clock[0] = time.monotonic()
+        return done(verdict)
+
+    def _run_judge(self, req: WorkerRequest, timeout: float):
+        """The request answered by the pre-started judge (or a fresh one), with the judge's stages:
+        processes = its wall time less check and timing."""
+        t0 = time.monotonic()
+        res = run_worker(req, timeout=timeout, standby=self.standby.take())
+        wall = time.monotonic() - t0
+        self.standby.refill()  # the next decision's judge warms up while the agent works (not on a Ctrl-C)
+        inner = {k: v for k, v in res.stage_seconds.items() if k in ("check", "timing")}
+        stages = {"processes": round(max(0.0, wall - sum(inner.values())), 3), **inner}
+        return res, stages
 
     def judge_built(self, built: BuildResult, best: BuildResult | None) -> Verdict:
         """The runtime layers on a built library, in ONE judge process: check in the candidate's runner,
@@ -236,32 +305,37 @@ class Gate:
         if best is None:
             req = WorkerRequest(kind="check", task_dir=str(self.trusted_dir), libs=[built.lib], shapes=check_shapes,
                                 seed=check_seed, rounds=self.config.check_rounds)
-            res = run_worker(req, timeout=self.task.manifest.timeout_s)
+            res, stages = self._run_judge(req, timeout=self.task.manifest.timeout_s)
         else:
             timing_seed = secrets.randbits(62)
             req = self.ab_request(best.lib, built.lib, timing_seed).model_copy(update={
                 "kind": "gate", "seed": check_seed, "timing_seed": timing_seed, "check_shapes": check_shapes,
                 "rounds": self.config.check_rounds})
-            res = run_worker(req, timeout=2 * self.task.manifest.timeout_s + 4 * self.config.max_seconds + 60)
+            res, stages = self._run_judge(req, timeout=2 * self.task.manifest.timeout_s + 4 * self.config.max_seconds + 60)
+        ran = dict(stage_seconds=stages, judge=res.standby)
         if res.check is None:
             return Verdict(accepted=False, stage="check", build=built, device=res.device, check_seed=check_seed,
-                           reason=f"check did not complete: {res.error}")
+                           reason=f"check did not complete: {res.error}", **ran)
         if not res.check.passed:
             first = res.check.failures()[0]
             return Verdict(accepted=False, stage="check", build=built, check=res.check, device=res.device,
-                           check_seed=check_seed, reason=f"wrong results: {_describe_failure(first)}")
+                           check_seed=check_seed, reason=f"wrong results: {_describe_failure(first)}", **ran)
         if best is None:
             return Verdict(accepted=True, stage="accepted", build=built, check=res.check, device=res.device,
-                           check_seed=check_seed, reason="baseline passes its check")
-        return self._timed_verdict(res, built, best, res.check, check_seed, timing_seed)
+                           check_seed=check_seed, reason="baseline passes its check", **ran)
+        return self._timed_verdict(res, built, best, res.check, check_seed, timing_seed).model_copy(update=ran)
 
     def decide(self, built: BuildResult, best: BuildResult, check: CheckReport, check_seed: int) -> Verdict:
         """Paired timing alone in a fresh judge, then `judge`."""
         m = self.task.manifest
         timing_seed = secrets.randbits(62)
         self._stage("timing", "started")
-        res = run_worker(self.ab_request(best.lib, built.lib, timing_seed), timeout=m.timeout_s + 4 * self.config.max_seconds + 60)
-        return self._timed_verdict(res, built, best, check, check_seed, timing_seed)
+        started = time.monotonic()
+        res, stages = self._run_judge(self.ab_request(best.lib, built.lib, timing_seed),
+                                      timeout=m.timeout_s + 4 * self.config.max_seconds + 60)
+        verdict = self._timed_verdict(res, built, best, check, check_seed, timing_seed)
+        return verdict.model_copy(update=dict(stage_seconds=stages, judge=res.standby,
+                                              seconds=round(time.monotonic() - started, 2)))
 
     def _timed_verdict(self, res, built: BuildResult, best: BuildResult, check, check_seed: int, timing_seed: int) -> Verdict:
         m = self.task.manifest

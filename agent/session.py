@@ -265,7 +265,9 @@ class Session:
         return session
 
     def close(self) -> None:
-        """Release the run's lock (run() does at its end); the session must not be used after."""
+        """Stop the gate's pre-started judge and release the run's lock (run() does at its end); the
+        session must not be used after."""
+        self.gate.close()
         if self.lock is not None:
             self.lock.release()
             self.lock = None
@@ -374,7 +376,8 @@ class Session:
 
             self._on_stage("timing", "started")
             res = run_bench(self.trusted_task, verdict.build.lib, comparators=True, seconds_per_shape=0.5,
-                            trusted_dir=self.gate.trusted_dir)
+                            trusted_dir=self.gate.trusted_dir, standby=self.gate.standby.take())
+            self.gate.standby.refill()  # for the first submit
             if res.bench:
                 figures["bench"] = res.bench.model_dump(mode="json")
         except Exception as exc:  # the baseline timing only informs the briefing

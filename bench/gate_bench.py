@@ -9,10 +9,17 @@ timing seed per trial:
         is a false accept;
   gain  best = the kernel followed by a spin of d ns on the same stream (the task's
         KLOOP_TEST_DELAY_NS hook), candidate = the same with a spin of 0 ns, d = gain x the
-        candidate's measured time; the true ratio is measured once more with a long paired run.
+        candidate's measured time; the true ratio is the pooled estimate over all the case's trials.
 Targets (min_gain 1%): A/A accepts <= 1/100; 0.5% gains <= 5%; 2% gains >= 95%; 3% gains >= 99%;
-<= 5 s of timing per decision. The trials run in one judge process with one runner per library (each
-library loaded once, in its own process, as in the gate); a real submit adds the processes' start-up.
+<= 5 s of timing per decision.
+
+Every case goes through the gate's real isolation path: ONE request to a sandboxed judge (a
+pre-started one, tools/runner.JudgeStandby, as the gate uses) whose two seccomp-locked runners each
+load one library; the judge runs the case's trials back to back (`trials` of the request: each its
+own timing seed drawn in the judge, fresh input sets, its own statistics) and the verdicts are
+`Gate.judge`'s. Only the check is left out (it is not what is measured here). Printed per case:
+seconds per decision (the trial's time in the judge plus its share of the processes' start-up) and
+the overhead beyond the paired timing itself.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import math
 import secrets
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -30,12 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from agent.gate import Gate, GateConfig  # noqa: E402
-from tools.ab import ab_in_process  # noqa: E402
 from tools.bench import make_sets, time_remote  # noqa: E402
 from tools.build import build  # noqa: E402
 from tools.device import describe  # noqa: E402
 from tools.remote import LibSession  # noqa: E402
+from tools.runner import StandbySlot, run_worker  # noqa: E402
 from tools.spec import load_spec  # noqa: E402
+from tools.stats import t_quantile_975  # noqa: E402
 
 TARGETS = {"A/A": ("<=", 0.01), 0.005: ("<=", 0.05), 0.02: (">=", 0.95), 0.03: (">=", 0.99)}
 
@@ -47,20 +56,51 @@ def built_lib(task, flags: list[str]) -> str:
     return result.lib
 
 
-def run_trials(gate: Gate, spec, libs: LibSession, shape: str, n: int, label: str, log) -> list[dict]:
+def run_trials(gate: Gate, slot: StandbySlot, shape: str, path_a: str, path_b: str, n: int, label: str,
+               log, budget_s: float = 0.0) -> tuple[list[dict], dict]:
+    """`n` decisions of best `path_a` against candidate `path_b` in ONE judge (one request); with
+    `budget_s`, no trial starts after that many seconds of trials (fewer trials, said so)."""
     cfg, task = gate.config, gate.task
-    lib_a, lib_b = libs.libs
+    req = gate.ab_request(path_a, path_b, secrets.randbits(62)).model_copy(update={
+        "shapes": [shape], "allowances": {shape: task.allowance(task.shape(shape))}, "weights": {shape: 1.0},
+        "trials": n, "trials_seconds": budget_s})
+    t0 = time.monotonic()
+    res = run_worker(req, timeout=n * (4 * cfg.max_seconds + 15) + 180, standby=slot.take())
+    wall = time.monotonic() - t0
+    slot.refill()  # the next case's judge warms up (after this case's timing: it never overlaps it)
+    if not res.ok:
+        raise SystemExit(f"{label}: the judge failed: {res.error}")
+    reports = res.trials or [res.ab]
+    seconds = res.trial_seconds or [res.stage_seconds.get("timing", 0.0)]
+    # the processes' start-up and the libraries' load, shared by the case's trials
+    processes = max(0.0, wall - res.stage_seconds.get("timing", 0.0))
     out = []
-    for i in range(n):
-        ab = ab_in_process(task, spec, lib_a, lib_b, [shape], secrets.randbits(62), libs.device, cfg.max_seconds,
-                           cfg.min_pairs, cfg.target_halfwidth, task.manifest.min_gain,
-                           {shape: task.allowance(task.shape(shape))}, {shape: 1.0}, libs.arena)
+    for i, (ab, secs) in enumerate(zip(reports, seconds)):
         v = gate.judge(ab)
+        per_decision = secs + processes / len(reports)
         out.append({"accepted": v.accepted, "speedup": ab.speedup, "lo": ab.speedup_lo, "hi": ab.speedup_hi,
-                    "pairs": ab.pairs, "timing_s": ab.timing_seconds, "stopped": ab.stopped_because, "reason": v.reason})
+                    "pairs": ab.pairs, "timing_s": ab.timing_seconds, "decision_s": round(per_decision, 3),
+                    "overhead_s": round(per_decision - ab.timing_seconds, 3), "stopped": ab.stopped_because,
+                    "reason": v.reason, "log_ratio": ab.shapes[0].log_ratio_mean if ab.shapes else float("nan")})
         log(f"{label} trial {i + 1}/{n}: {'ACCEPT' if v.accepted else 'reject'} x{ab.speedup:.4f} "
             f"[{ab.speedup_lo:.4f}, {ab.speedup_hi:.4f}] {ab.pairs} pairs {ab.timing_seconds:.2f} s ({ab.stopped_because})")
-    return out
+    meta = {"judge": res.standby, "wall_s": round(wall, 2), "processes_s": round(processes, 2),
+            "judge_stages": res.stage_seconds}
+    log(f"{label}: {len(out)} trials in {wall:.1f} s (judge {res.standby}; processes and loads {processes:.2f} s)")
+    return out, meta
+
+
+def pooled(trials: list[dict]) -> tuple[float, float, float]:
+    """The true ratio from every trial of a case: mean of the trials' log ratios, with its 95% interval."""
+    xs = [t["log_ratio"] for t in trials if math.isfinite(t["log_ratio"])]
+    if not xs:
+        return float("nan"), float("nan"), float("nan")
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return math.exp(m), float("nan"), float("nan")
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    h = t_quantile_975(len(xs) - 1) * sd / math.sqrt(len(xs))
+    return math.exp(m), math.exp(m - h), math.exp(m + h)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,9 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gains", default="0.005:40,0.02:40,0.03:40", help="gain:trials,...")
     ap.add_argument("--max-seconds", type=float, default=GateConfig().max_seconds, help="timing cap per decision")
     ap.add_argument("--json", type=Path, default=None, help="write every trial here")
+    ap.add_argument("--budget", type=float, default=0.0,
+                    help="seconds for the whole run (0: none): each case's trials stop early, pro rata, to fit")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
+    started = time.monotonic()
     log = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
     gate = Gate(Path(args.task), task_rel=Path(args.task).name, config=GateConfig(max_seconds=args.max_seconds))
     task = gate.task
@@ -84,56 +127,76 @@ def main(argv: list[str] | None = None) -> int:
     info = describe(device)
     results: dict = {"device": info.model_dump(mode="json"), "task": task.name, "shape": shape,
                      "min_gain": task.manifest.min_gain, "config": gate.config.model_dump(), "cases": []}
-
-    # A/A: the same code in two libraries
-    cases = [("A/A", None, built_lib(task, ["-DKLOOP_AA_COPY=1"]), built_lib(task, ["-DKLOOP_AA_COPY=2"]), args.aa)]
-    # gains: best carries a spin of gain x T after the kernel
+    slot = StandbySlot(gate.trusted_dir)
+    slot.refill()  # the first case's judge warms up during the builds
+    pool = ThreadPoolExecutor(4)
     gains = [(float(g), int(n)) for g, n in (item.split(":") for item in args.gains.split(",") if item)]
+    # the builds in parallel (each a sandboxed ninja); the gain builds need the candidate's time first
+    aa = [pool.submit(built_lib, task, [f"-DKLOOP_AA_COPY={i}"]) for i in (1, 2)] if args.aa else []
+    fast_job = pool.submit(built_lib, task, ["-DKLOOP_TEST_DELAY_NS=0"]) if gains else None
+    cases = [("A/A", None, aa[0].result(), aa[1].result(), args.aa)] if args.aa else []
     if gains:
-        fast = built_lib(task, ["-DKLOOP_TEST_DELAY_NS=0"])
+        fast = fast_job.result()
         gen = torch.Generator(device=device)
         gen.manual_seed(1)
         dims = task.shape(shape).dims
-        with LibSession(task, [fast]) as one:
+        with LibSession(task, [fast]) as one:  # a calibration, not a decision
             sets = make_sets(spec, dims, gen, device, one.timer)
             t = time_remote(one.libs[0], spec, shape, dims, sets, one.arena, 2.0, None, None).median
             del sets
         log(f"candidate time on {shape}: {t * 1e6:.1f} us")
         for g, n in gains:
-            slow = built_lib(task, [f"-DKLOOP_TEST_DELAY_NS={int(round(g * t * 1e9))}"])
-            cases.append((g, int(round(g * t * 1e9)), slow, fast, n))
+            delay = int(round(g * t * 1e9))
+            cases.append((g, delay, pool.submit(built_lib, task, [f"-DKLOOP_TEST_DELAY_NS={delay}"]), fast, n))
+    log(f"set-up (builds, calibration) {time.monotonic() - started:.1f} s")
 
     rows = []
-    for label, delay_ns, path_a, path_b, n in cases:
-        with LibSession(task, [path_a, path_b], names=["best", "cand"]) as libs:
-            trials = run_trials(gate, spec, libs, shape, n, f"gain {label}" if label != "A/A" else "A/A", log)
-            # the true ratio, from one long paired run
-            true = ab_in_process(task, spec, libs.libs[0], libs.libs[1], [shape], 7, device, 10.0, 200, 0.0003,
-                                 task.manifest.min_gain, {shape: 0.5}, {shape: 1.0}, libs.arena)
-        accepted = sum(t["accepted"] for t in trials)
-        rate = accepted / max(1, len(trials))
-        op, target = TARGETS.get(label, ("", None))
-        met = None if target is None else (rate <= target if op == "<=" else rate >= target)
-        secs = [t["timing_s"] for t in trials]
-        row = {"case": "A/A" if label == "A/A" else f"gain {100 * label:g}%", "delay_ns": delay_ns, "trials": len(trials),
-               "accepted": accepted, "rate": rate, "target": f"{op} {target:.0%}" if target is not None else "",
-               "met": met, "true_speedup": true.speedup, "true_ci": [true.speedup_lo, true.speedup_hi],
-               "timing_s_mean": sum(secs) / len(secs), "timing_s_max": max(secs),
-               "pairs_mean": sum(t["pairs"] for t in trials) / len(trials)}
-        rows.append(row)
-        results["cases"].append(row | {"trials_detail": trials})
-        if args.json:
-            args.json.write_text(json.dumps(results, indent=1))
+    try:
+        for c, (label, delay_ns, path_a, path_b, n) in enumerate(cases):
+            path_a = path_a if isinstance(path_a, str) else path_a.result()
+            name = f"gain {label}" if label != "A/A" else "A/A"
+            budget = 0.0
+            if args.budget:  # what is left, shared by the cases to come by their trial counts, less start-ups
+                left = args.budget - (time.monotonic() - started) - 10 * (len(cases) - c)
+                budget = max(1.0, left * n / sum(k for *_, k in cases[c:]))
+            trials, meta = run_trials(gate, slot, shape, path_a, path_b, n, name, log, budget)
+            true, true_lo, true_hi = pooled(trials)
+            accepted = sum(t["accepted"] for t in trials)
+            rate = accepted / max(1, len(trials))
+            op, target = TARGETS.get(label, ("", None))
+            met = None if target is None else (rate <= target if op == "<=" else rate >= target)
+            secs = [t["timing_s"] for t in trials]
+            row = {"case": "A/A" if label == "A/A" else f"gain {100 * label:g}%", "delay_ns": delay_ns,
+                   "trials": len(trials), "trials_asked": n, "accepted": accepted, "rate": rate,
+                   "target": f"{op} {target:.0%}" if target is not None else "", "met": met,
+                   "true_speedup": true, "true_ci": [true_lo, true_hi],
+                   "timing_s_mean": sum(secs) / len(secs), "timing_s_max": max(secs),
+                   "decision_s_mean": sum(t["decision_s"] for t in trials) / len(trials),
+                   "overhead_s_mean": sum(t["overhead_s"] for t in trials) / len(trials),
+                   "pairs_mean": sum(t["pairs"] for t in trials) / len(trials), **meta}
+            rows.append(row)
+            results["cases"].append(row | {"trials_detail": trials})
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
+    finally:
+        slot.close()
+        pool.shutdown(wait=False, cancel_futures=True)
 
     print(f"\ngate benchmark: task {task.name}, shape {shape}, min_gain {task.manifest.min_gain:.0%}, "
-          f"timing cap {gate.config.max_seconds:g} s; on {info.label()}")
-    print(f"{'case':<12} {'true speedup':>22} {'trials':>6} {'accepted':>8} {'rate':>6} {'target':>8} {'met':>4} "
-          f"{'s/decision':>10} {'max s':>6} {'pairs':>6}")
+          f"timing cap {gate.config.max_seconds:g} s; on {info.label()}; {time.monotonic() - started:.0f} s in all")
+    print(f"{'case':<12} {'true speedup (pooled)':>24} {'trials':>6} {'accepted':>8} {'rate':>6} {'target':>8} {'met':>4} "
+          f"{'timing s':>8} {'max s':>6} {'s/decision':>10} {'overhead s':>10} {'pairs':>6}")
     for r in rows:
         ci = f"x{r['true_speedup']:.4f} [{r['true_ci'][0]:.4f},{r['true_ci'][1]:.4f}]"
         met = "-" if r["met"] is None else ("yes" if r["met"] else "NO")
-        print(f"{r['case']:<12} {ci:>22} {r['trials']:>6} {r['accepted']:>8} {r['rate']:>6.1%} {r['target']:>8} {met:>4} "
-              f"{r['timing_s_mean']:>10.2f} {r['timing_s_max']:>6.2f} {r['pairs_mean']:>6.0f}")
+        print(f"{r['case']:<12} {ci:>24} {r['trials']:>6} {r['accepted']:>8} {r['rate']:>6.1%} {r['target']:>8} {met:>4} "
+              f"{r['timing_s_mean']:>8.2f} {r['timing_s_max']:>6.2f} {r['decision_s_mean']:>10.3f} "
+              f"{r['overhead_s_mean']:>10.3f} {r['pairs_mean']:>6.0f}")
+    print("s/decision: the trial's seconds in the judge plus its share of the judge's and runners' start-up and "
+          "loads; overhead: s/decision less the paired timing itself")
+    short = [f"{r['case']} {r['trials']} of {r['trials_asked']}" for r in rows if r["trials"] < r["trials_asked"]]
+    if short:
+        print("fewer trials than asked, to fit --budget: " + ", ".join(short))
     return 0 if all(r["met"] in (None, True) for r in rows) else 1
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from tools.task import KnobValue, Task
 from tools.build import BuildResult, build
 from tools.protocol import BenchReport, CheckReport, DeviceInfo, WorkerRequest, WorkerResult
-from tools.runner import run_worker
+from tools.runner import JudgeStandby, StandbySlot, run_worker
 
 BENCH_SECONDS_PER_SHAPE = 1.0
 
@@ -40,22 +40,24 @@ def worker_timeout(task: Task, extra: float = 0.0) -> float:
 
 
 def run_check(task: Task, lib: str, seed: int | None = None, shapes: list[str] | None = None,
-              rounds: int = 2, trusted_dir: Path | None = None) -> WorkerResult:
-    """Check `lib` in a fresh worker; the manifest and spec come from `trusted_dir` (default task.root)."""
+              rounds: int = 2, trusted_dir: Path | None = None, standby: JudgeStandby | None = None) -> WorkerResult:
+    """Check `lib` in a fresh worker (or `standby`, a pre-started one); the manifest and spec come
+    from `trusted_dir` (default task.root)."""
     req = WorkerRequest(kind="check", task_dir=str(trusted_dir or task.root), libs=[lib],
                         shapes=shapes or [s.name for s in task.check_shapes],
                         seed=secrets.randbits(62) if seed is None else seed, rounds=rounds)
-    return run_worker(req, timeout=worker_timeout(task))
+    return run_worker(req, timeout=worker_timeout(task), standby=standby)
 
 
 def run_bench(task: Task, lib: str | None, shapes: list[str] | None = None, comparators: bool = True,
-              seconds_per_shape: float = BENCH_SECONDS_PER_SHAPE, trusted_dir: Path | None = None) -> WorkerResult:
+              seconds_per_shape: float = BENCH_SECONDS_PER_SHAPE, trusted_dir: Path | None = None,
+              standby: JudgeStandby | None = None) -> WorkerResult:
     names = shapes or [s.name for s in task.bench_shapes]
     req = WorkerRequest(kind="bench", task_dir=str(trusted_dir or task.root), libs=[lib] if lib else [],
                         shapes=names, seed=secrets.randbits(62), comparators=comparators,
                         max_seconds=seconds_per_shape)
     budget = len(names) * seconds_per_shape * (1 + 0.5 * len(task_comparators(task)) if comparators else 1)
-    return run_worker(req, timeout=worker_timeout(task, extra=4 * budget + 60))
+    return run_worker(req, timeout=worker_timeout(task, extra=4 * budget + 60), standby=standby)
 
 
 def task_comparators(task: Task) -> list[str]:
@@ -82,20 +84,36 @@ def sass_summary(task: Task, lib: str) -> tuple[dict, str | None]:
 def evaluate(task: Task, knobs: dict[str, KnobValue] | None = None, src_root: Path | None = None,
              seed: int | None = None, check: bool = True, bench: bool = True, comparators: bool = True,
              shapes: list[str] | None = None, bench_seconds: float = BENCH_SECONDS_PER_SHAPE) -> EvalReport:
-    """Build, analyse, check and time one version of a task. Timing runs only after a passing check."""
+    """Build, analyse, check and time one version of a task. Timing runs only after a passing check.
+    The check's judge is started before the build (tools/runner.JudgeStandby), so its start-up hides
+    behind the compile."""
+    runnable = task.target != "cuda" or _gpu_available()
+    slot = StandbySlot(task.root, enabled=runnable and check)
+    slot.refill()
+    try:
+        return _evaluate(task, slot, knobs, src_root, seed, check, bench, comparators, shapes, bench_seconds, runnable)
+    finally:
+        slot.close()
+
+
+def _gpu_available() -> bool:
+    from tools.device import gpu_available
+
+    return gpu_available()
+
+
+def _evaluate(task: Task, slot: StandbySlot, knobs, src_root, seed, check, bench, comparators, shapes, bench_seconds,
+              runnable) -> EvalReport:
     built = build(task, knobs, src_root=src_root)
     report = EvalReport(task=task.name, target=task.target, build=built)
     if not built.ok:
         return report
     report.sass, report.sass_error = sass_summary(task, built.lib)
-    if task.target == "cuda":
-        from tools.device import gpu_available
-
-        if not gpu_available():
-            report.check_error = "no CUDA GPU on this machine: built and analysed only"
-            return report
+    if not runnable:
+        report.check_error = "no CUDA GPU on this machine: built and analysed only"
+        return report
     if check:
-        res = run_check(task, built.lib, seed=seed, shapes=shapes)  # named shapes, else every check shape
+        res = run_check(task, built.lib, seed=seed, shapes=shapes, standby=slot.take())  # named shapes, else every check shape
         report.device = res.device
         report.check, report.check_error = res.check, res.error
         if not (res.ok and res.check and res.check.passed):

@@ -56,7 +56,12 @@ class Host:
             data = data[os.write(self.reply_fd, data):]
 
     # -- requests ----------------------------------------------------------------------------------
-    def load(self, spec_path: str, lib_path: str, device: str) -> dict:
+    def prepare(self, spec_path: str, device: str) -> dict:
+        """Everything before the library: the device (CUDA context, flush buffer), the trusted spec,
+        then the seccomp lockdown. A pre-started runner (tools/runner.JudgeStandby) does this and
+        waits; the library it will load is named only at decision time."""
+        if self.spec is not None:
+            raise RuntimeError("this runner is already prepared")
         self.device = torch.device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(0)
@@ -70,6 +75,14 @@ class Host:
             torch.set_num_threads(1)
         self.spec = load_spec(spec_path)
         _lockdown(self.device.type == "cuda")
+        return {}
+
+    def load(self, lib_path: str, spec_path: str | None = None, device: str | None = None) -> dict:
+        """Load THE library of this runner (once: a runner never holds a second one)."""
+        if self.lib is not None:
+            raise RuntimeError("this runner already loaded a library (runners are single-use)")
+        if self.spec is None:
+            self.prepare(spec_path, device)
         # the untrusted library loads only now (its static constructors run here)
         self.lib = ctypes.CDLL(os.path.realpath(lib_path), mode=ctypes.RTLD_LOCAL)
         self.spec.setup(self.lib)

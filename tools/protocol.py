@@ -166,6 +166,10 @@ class WorkerRequest(BaseModel):
     min_gain: float = 0.01
     allowances: dict[str, float] = Field(default_factory=dict)  # ab: per-shape regression allowance
     weights: dict[str, float] = Field(default_factory=dict)
+    # ab: independent decisions on the same two runners (the gate benchmark); each draws its own
+    # timing seed from `seed` in the judge, fresh input sets and its own statistics
+    trials: int = 1
+    trials_seconds: float = 0.0  # ab with trials > 1: start no new trial after this many seconds (0: no limit)
 
 
 class WorkerResult(BaseModel):
@@ -177,3 +181,11 @@ class WorkerResult(BaseModel):
     ab: ABReport | None = None
     # the worker's timing saw device work outside the stream it timed
     warnings: list[str] = Field(default_factory=list)
+    # seconds the judge spent per stage: start (imports, runners up; 0 when it was pre-started and
+    # ready), load (the libraries into their runners), check, timing
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
+    # the judge: "cold" (started for this request), or a pre-started standby (tools/runner.JudgeStandby)
+    # that was "ready" (warmed up) or still "warming" when the request was sent
+    standby: Literal["cold", "warming", "ready"] = "cold"
+    trials: list[ABReport] = Field(default_factory=list)  # ab with trials > 1: one report per trial
+    trial_seconds: list[float] = Field(default_factory=list)  # wall seconds of each trial in the judge

@@ -38,7 +38,12 @@ class RemoteLib:
         self._pending: tuple[list, int, int] | None = None  # (sink, index, calls) of the last sample
 
     def load(self, spec_path: str, lib_path: str, timeout: float) -> None:
-        self.runner.request("load", timeout, spec_path=str(spec_path), lib_path=str(lib_path), device=self.device.type)
+        """The library into this runner (prepared first where it was not pre-started)."""
+        if self.runner.prepared:
+            self.runner.request("load", timeout, lib_path=str(lib_path))
+        else:
+            self.runner.request("load", timeout, spec_path=str(spec_path), lib_path=str(lib_path), device=self.device.type)
+        self.runner.loaded = str(lib_path)
 
     def bind(self, key, dims: dict, inputs: dict, outputs: dict, writable_inputs: bool = False) -> None:
         """Buffers for calls under `key`. Inputs are read-only in the runner (CPU) unless

@@ -14,6 +14,7 @@ add the seccomp lockdown before the untrusted library loads.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import json
@@ -68,14 +69,25 @@ SCRATCH_PREFIX = "kloop-worker-"
 _MEMORY_WORDS = ("bad_alloc", "MemoryError", "Cannot allocate memory", "out of memory")
 
 
-def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = None) -> WorkerResult:
+def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = None,
+               standby: "JudgeStandby | None" = None) -> WorkerResult:
     """Run one request in a fresh worker; `prefix` wraps the command (e.g. an ncu invocation).
+    `standby`: a pre-started judge (JudgeStandby) to answer it, consumed whatever happens; where it
+    cannot (dead, another task, a profiler prefix) a fresh judge answers and `standby` is closed.
 
     The scratch folder is named after this process (`kloop-worker-<pid>-...`), so one left behind by
     a killed session is recognised and removed by the next worker start. An exception raised while
     waiting (a second Ctrl-C) kills the worker's whole process group before it propagates."""
+    if standby is not None:
+        try:
+            if prefix is None:
+                result = standby.answer(req, timeout)
+                if result is not None:
+                    return result
+        finally:
+            standby.close()
     remove_stale_scratch()
-    limit = _memory_limit(req)
+    limit = _memory_limit(req.task_dir)
     with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as tmp:
         req_path, out_path = Path(tmp, "request.json"), Path(tmp, "result.json")
         _write_private(req_path, req.model_dump_json())  # holds the gate's seed: owner-only, and the worker deletes it first
@@ -88,32 +100,234 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
         argv, env = runner_command(cmd, scratch=Path(tmp), readable=readable, lockdown=not prefix)
         proc = subprocess.Popen(argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=functools.partial(_own_group_dies_with_parent, limit))
-        reader = _OutputReader(proc)
+        return _collect(proc, _OutputReader(proc), out_path, timeout, limit)
+
+
+def _collect(proc: subprocess.Popen, reader: "_OutputReader", out_path: Path, timeout: float,
+             limit: int | None) -> WorkerResult:
+    """Wait for a judge (killing its whole tree at the end, whatever happens) and read its answer."""
+    try:
+        finished, peak_rss = _wait(proc, timeout)
+    finally:
+        kill_group(proc)  # nothing the kernel forked outlives the evaluation (nor a Ctrl-C)
+        _remove_arenas(proc.pid)
+        if proc.returncode is None:
+            _reap(proc)
+    text = reader.text()
+    reader.close(proc)
+    if not finished:
+        return WorkerResult(ok=False, error=f"timed out after {timeout:.0f} s (hang or far too slow); "
+                                            f"output tail: {_tail(text)}")
+    memory = _memory_note(limit, peak_rss, text)
+    if not out_path.is_file():
+        return WorkerResult(ok=False, error=f"worker {_status(proc.returncode)} without an answer{memory}; "
+                                            f"output tail: {_tail(text)}")
+    try:
+        result = WorkerResult.model_validate_json(out_path.read_text())
+    except (ValidationError, ValueError) as exc:
+        return WorkerResult(ok=False, error=f"worker answer unreadable: {str(exc)[:300]}")
+    if proc.returncode != 0 and result.ok:
+        return WorkerResult(ok=False, error=f"worker {_status(proc.returncode)} after answering{memory}")
+    if not result.ok and memory and result.error:
+        result.error += memory
+    return result
+
+
+# ---- the warm standby: one judge process tree started before it is needed ----------------------
+
+STANDBY_VAR = "KLOOP_STANDBY"  # "off": every request starts its judge and runners from scratch
+
+
+def standby_enabled() -> bool:
+    return os.environ.get(STANDBY_VAR, "").lower() not in ("off", "0", "no", "false")
+
+
+class JudgeStandby:
+    """A judge started before its request (tools/worker.py `--standby`): torch imported (CUDA
+    context made), its two runners started, prepared and locked down with no library loaded. The
+    request (seeds included) goes down its stdin only when it is consumed; the libraries are copied
+    into a folder the judge and runners see read-only. Single-use like every judge: it answers one
+    request, then it and its runners are gone. Killed with this process however it ends (atexit,
+    its own process group with PR_SET_PDEATHSIG, bwrap --die-with-parent) and on `close()`."""
+
+    def __init__(self, task_dir: str | os.PathLike):
+        remove_stale_scratch()
+        self.task_dir = Path(task_dir).resolve()
+        self.root = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-standby-"))
+        self.scratch, self.libs = self.root / "run", self.root / "libs"
+        self.scratch.mkdir()
+        self.libs.mkdir()
+        self.out_path = self.scratch / "result.json"
+        self.limit = _memory_limit(str(self.task_dir))
+        cmd = [sys.executable, "-m", "tools.worker", "--standby", str(self.task_dir), str(self.scratch), str(self.out_path)]
+        argv, env = runner_command(cmd, scratch=self.scratch, readable=[self.task_dir, self.libs], lockdown=True)
+        self.argv = argv
+        self.started = time.monotonic()
+        self.proc = _keeper_call(lambda: subprocess.Popen(
+            argv, cwd=self.scratch, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            preexec_fn=functools.partial(_own_group_dies_with_parent, self.limit)))
+        self.reader = _OutputReader(self.proc)
+        self.closed = False
+        with _LIVE_LOCK:
+            _LIVE_STANDBYS.append(self)
+            surplus = _LIVE_STANDBYS[:-MAX_STANDBYS]
+        for old in surplus:  # gates nobody closed (tests, replays): never more than a few trees warm
+            old.close()
+
+    def alive(self) -> bool:
+        return not self.closed and self.proc.poll() is None
+
+    def ready(self) -> bool:
+        """Warmed up: runners prepared and locked down, waiting for the request."""
+        return (self.scratch / "ready").is_file()
+
+    def answer(self, req: WorkerRequest, timeout: float) -> WorkerResult | None:
+        """The judge's answer to `req`; None when this standby cannot take it (dead, another task)."""
+        if not self.alive() or Path(req.task_dir).resolve() != self.task_dir or self.out_path.exists():
+            return None  # dead, another task, or it failed while warming up (its answer says why): a cold judge
+        _forget(self)  # in use: no longer a spare that a newer standby may close
+        was_ready = self.ready()
+        libs = []
+        for i, lib in enumerate(req.libs):
+            dest = self.libs / f"{i}-{Path(lib).name}"
+            shutil.copyfile(lib, dest)  # read-only in the sandbox: no runner can patch another's code
+            libs.append(str(dest))
         try:
-            finished, peak_rss = _wait(proc, timeout)
-        finally:
-            kill_group(proc)  # nothing the kernel forked outlives the evaluation (nor a Ctrl-C)
-            _remove_arenas(proc.pid)
-            if proc.returncode is None:
-                _reap(proc)
-        text = reader.text()
-        reader.close(proc)
-        if not finished:
-            return WorkerResult(ok=False, error=f"timed out after {timeout:.0f} s (hang or far too slow); "
-                                                f"output tail: {_tail(text)}")
-        memory = _memory_note(limit, peak_rss, text)
-        if not out_path.is_file():
-            return WorkerResult(ok=False, error=f"worker {_status(proc.returncode)} without an answer{memory}; "
-                                                f"output tail: {_tail(text)}")
-        try:
-            result = WorkerResult.model_validate_json(out_path.read_text())
-        except (ValidationError, ValueError) as exc:
-            return WorkerResult(ok=False, error=f"worker answer unreadable: {str(exc)[:300]}")
-        if proc.returncode != 0 and result.ok:
-            return WorkerResult(ok=False, error=f"worker {_status(proc.returncode)} after answering{memory}")
-        if not result.ok and memory and result.error:
-            result.error += memory
+            self.proc.stdin.write(req.model_copy(update={"libs": libs}).model_dump_json().encode())
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            return None
+        result = _collect(self.proc, self.reader, self.out_path, timeout, self.limit)
+        result.standby = "ready" if was_ready else "warming"
         return result
+
+    def close(self) -> None:
+        """Kill the tree (if still there) and remove its folder."""
+        if self.closed:
+            return
+        self.closed = True
+        _forget(self)
+        try:
+            if self.proc.returncode is None:
+                kill_group(self.proc)
+                _remove_arenas(self.proc.pid)
+                _reap(self.proc)
+            self.reader.close(self.proc)
+            if self.proc.stdin:
+                try:
+                    self.proc.stdin.close()
+                except OSError:
+                    pass
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class StandbySlot:
+    """The one standby a gate keeps for its trusted task folder. `take()` hands it over (None when
+    there is none or it died); `refill()` starts the next one, to warm up while the agent works."""
+
+    def __init__(self, task_dir: str | os.PathLike, enabled: bool = True):
+        self.task_dir = Path(task_dir).resolve()
+        self.enabled = enabled and standby_enabled()
+        self._current: JudgeStandby | None = None
+        self._lock = threading.Lock()
+        self._no_gpu: bool | None = None  # a CUDA task on a machine without a GPU (known at the first refill)
+
+    def refill(self) -> None:
+        if not self.enabled:
+            return
+        if self._no_gpu is None:
+            self._no_gpu = self._needs_missing_gpu()
+        if self._no_gpu:  # its judge could only say "no GPU here": a cold one says it as well
+            return
+        with self._lock:
+            if self._current is not None and self._current.alive():
+                return
+            if self._current is not None:
+                self._current.close()
+            try:
+                self._current = JudgeStandby(self.task_dir)
+            except OSError:  # cannot start processes now: the next request starts its own
+                self._current = None
+
+    def _needs_missing_gpu(self) -> bool:
+        from tools.task import TaskError, load_task
+
+        try:
+            cuda = load_task(self.task_dir).target == "cuda"
+        except (TaskError, OSError):
+            return False
+        return cuda and not any(Path("/dev").glob("nvidia*"))
+
+    def take(self) -> JudgeStandby | None:
+        with self._lock:
+            cur, self._current = self._current, None
+        if cur is not None and not cur.alive():
+            cur.close()
+            return None
+        return cur
+
+    def close(self) -> None:
+        with self._lock:
+            cur, self._current = self._current, None
+        if cur is not None:
+            cur.close()
+
+
+MAX_STANDBYS = 2  # live pre-started trees per process; starting another closes the oldest
+_LIVE_STANDBYS: list[JudgeStandby] = []
+_LIVE_LOCK = threading.Lock()
+
+
+def _forget(standby: JudgeStandby) -> None:
+    with _LIVE_LOCK:
+        if standby in _LIVE_STANDBYS:
+            _LIVE_STANDBYS.remove(standby)
+
+
+@atexit.register
+def _close_standbys() -> None:
+    for s in list(_LIVE_STANDBYS):
+        s.close()
+
+
+class _Keeper:
+    """One long-lived thread that starts standbys. PR_SET_PDEATHSIG fires when the THREAD that forked
+    a child exits, so a standby started from a short-lived worker thread (MCP tool calls run in a
+    pool) would die with it; started from here it lives as long as this process."""
+
+    def __init__(self):
+        import queue
+
+        self.jobs: "queue.Queue" = queue.Queue()
+        threading.Thread(target=self._run, name="kloop-standby-keeper", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            fn, box, done = self.jobs.get()
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:  # handed back to the caller
+                box.append((False, exc))
+            done.set()
+
+
+_KEEPER: _Keeper | None = None
+_KEEPER_LOCK = threading.Lock()
+
+
+def _keeper_call(fn):
+    global _KEEPER
+    with _KEEPER_LOCK:
+        if _KEEPER is None:
+            _KEEPER = _Keeper()
+    box, done = [], threading.Event()
+    _KEEPER.jobs.put((fn, box, done))
+    done.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 ARENA_PREFIX = "kloop-arena-"
@@ -234,11 +448,11 @@ def _reap(proc: subprocess.Popen) -> None:
         proc.returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
 
 
-def _memory_limit(req: WorkerRequest) -> int | None:
+def _memory_limit(task_dir: str) -> int | None:
     from tools.task import TaskError, load_task
 
     try:
-        return load_task(Path(req.task_dir)).memory_limit_bytes
+        return load_task(Path(task_dir)).memory_limit_bytes
     except (TaskError, OSError):
         return None
 
@@ -417,6 +631,13 @@ class Runner:
         self._buf = b""
         self._nonce = itertools.count(secrets.randbits(40))
         self.busy_s = 0.0  # wall seconds the judge saw this runner working (for the CPU-time audit)
+        self.prepared = False  # device, spec and seccomp set up, waiting for its one library
+        self.loaded: str | None = None  # the library it loaded (single-use: never a second one)
+
+    def prepare(self, spec_path: str | os.PathLike, device: str, timeout: float) -> None:
+        """Set up everything but the library (tools/libhost.Host.prepare): a pre-started runner."""
+        self.request("prepare", timeout, spec_path=str(spec_path), device=device)
+        self.prepared = True
 
     # -- requests --------------------------------------------------------------------------------
     def request(self, op: str, timeout: float, **kw) -> dict:

@@ -10,6 +10,8 @@ process (tools/runner.run_worker), so a runaway evaluation costs one evaluation,
 
 from __future__ import annotations
 
+import os
+import random
 import sys
 import tempfile
 import time
@@ -30,74 +32,132 @@ def call_timeout(task) -> float:
     return max(5.0, 0.4 * task.manifest.timeout_s)
 
 
-def serve(req: WorkerRequest) -> WorkerResult:
-    from tools.device import describe
-    from tools.remote import RemoteLib, RunnerError, SharedArena, start_runners
-    from tools.timing import Timer
+class Judge:
+    """The judge's processes and buffers for one request: a runner per library, the arena, the timer.
+    Constructing it starts the runners (their torch import overlaps the judge's own set-up);
+    `prepare()` has them set up their device, the trusted spec and their seccomp filter before any
+    library is named: all a pre-started standby does before it waits for its request."""
 
-    task = load_task(req.task_dir)
+    def __init__(self, task, names: list[str], scratch: Path):
+        from tools.device import describe
+        from tools.remote import SharedArena, start_runners
+        from tools.timing import Timer
+
+        self.task = task
+        self.scratch = scratch
+        self.device = torch.device("cuda" if task.target == "cuda" else "cpu")
+        self.runners = start_runners(names, scratch)  # their torch import overlaps ours below
+        self.arena = SharedArena(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(0)
+            torch.zeros(1, device=self.device)  # the CUDA context, now rather than at the first input
+        else:  # no idle OpenMP threads of ours competing with the timed calls
+            torch.set_num_threads(1)
+        self.info = describe(self.device)
+        self.spec = load_spec(task.spec_path)
+        self.timer = Timer(self.device)
+
+    def prepare(self) -> None:
+        for r in self.runners.values():
+            r.prepare(self.task.spec_path, self.device.type, LOAD_TIMEOUT_S)
+
+    def close(self) -> None:
+        for r in self.runners.values():
+            r.close()
+        self.arena.close()
+
+
+def runner_names(kind: str, libs: list[str]) -> list[str]:
+    return {"check": ["cand"], "bench": ["cand"] if libs else [], "ab": ["best", "cand"],
+            "gate": ["best", "cand"]}.get(kind, [])
+
+
+def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
+    """Answer one request; `judge`: a pre-started one (standby) whose runners hold no library yet."""
+    from tools.remote import RemoteLib, RunnerError, start_runners
+
+    task = load_task(req.task_dir) if judge is None else judge.task
     device = torch.device("cuda" if task.target == "cuda" else "cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         return WorkerResult(ok=False, error="this task needs a CUDA GPU and none is visible here")
-    names = {"check": ["cand"], "bench": ["cand"] if req.libs else [], "ab": ["best", "cand"],
-             "gate": ["best", "cand"]}.get(req.kind, [])
+    names = runner_names(req.kind, req.libs)
+    stages: dict[str, float] = {}
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kloop-judge-") as scratch:
-        runners = start_runners(names, Path(scratch))  # their torch import overlaps ours below
-        arena = SharedArena(device)
+        if judge is None:
+            judge = Judge(task, names, Path(scratch))
+        else:
+            for n in [n for n in judge.runners if n not in names]:  # pre-started, never given a library
+                judge.runners.pop(n).close()
+        runners, arena, timer, spec, info = judge.runners, judge.arena, judge.timer, judge.spec, judge.info
         try:
-            if device.type == "cuda":
-                torch.cuda.set_device(0)
-            else:  # no idle OpenMP threads of ours competing with the timed calls
-                torch.set_num_threads(1)
-            info = describe(device)
-            spec = load_spec(task.spec_path)
-            timer = Timer(device)
+            stages["start"] = round(time.monotonic() - t0, 3)
+            t1 = time.monotonic()
             libs = [RemoteLib(runners[n], arena, device, timer, call_timeout(task)) for n in names]
             try:
                 for lib, path in zip(libs, req.libs):
                     lib.load(task.spec_path, path, LOAD_TIMEOUT_S)
             except RunnerError as exc:
-                return WorkerResult(ok=False, device=info, error=f"the library did not load: {exc}")
+                return WorkerResult(ok=False, device=info, error=f"the library did not load: {exc}", stage_seconds=stages)
+            stages["load"] = round(time.monotonic() - t1, 3)
+
+            def result(**kw) -> WorkerResult:
+                return WorkerResult(device=info, stage_seconds=stages, **kw)
+
+            check = None
             if req.kind in ("check", "gate"):
                 from tools.check import check_in_process
 
                 def relaunch():  # a fresh runner with the same library (fault diagnosis)
-                    r = start_runners([f"diagnose{len(runners)}"], Path(scratch))
+                    r = start_runners([f"diagnose{len(runners)}"], judge.scratch)
                     runners.update(r)
                     lib = RemoteLib(next(iter(r.values())), arena, device, timer, call_timeout(task))
                     lib.load(task.spec_path, cand_lib, LOAD_TIMEOUT_S)
                     return lib
 
                 cand_lib = req.libs[-1]
+                t2 = time.monotonic()
                 report = check_in_process(task, spec, libs[-1], req.check_shapes or req.shapes, req.seed, req.rounds,
                                           device, arena, relaunch)
+                stages["check"] = round(time.monotonic() - t2, 3)
                 if req.kind == "check" or not report.passed:
-                    return WorkerResult(ok=True, device=info, check=report)
+                    return result(ok=True, check=report)
                 check = report
             if req.kind == "bench":
                 from tools.bench import bench_in_process
 
+                t2 = time.monotonic()
                 report = bench_in_process(task, spec, libs[0] if libs else None, req.shapes, req.seed, device,
                                           req.max_seconds, req.comparators, arena, timer)
-                return WorkerResult(ok=True, device=info, bench=report)
+                stages["timing"] = round(time.monotonic() - t2, 3)
+                return result(ok=True, bench=report)
             if req.kind in ("ab", "gate"):
                 from tools.ab import ab_in_process
 
                 seed = req.timing_seed if req.kind == "gate" else req.seed
-                check = check if req.kind == "gate" else None
+                trials = max(1, req.trials) if req.kind == "ab" else 1
+                seeds = random.Random(seed).sample(range(1 << 62), trials) if trials > 1 else [seed]
+                reports, trial_seconds = [], []
+                t2 = time.monotonic()
                 try:
-                    report = ab_in_process(task, spec, libs[0], libs[1], req.shapes, seed, device, req.max_seconds,
-                                           req.min_pairs, req.target_halfwidth, req.min_gain, req.allowances,
-                                           req.weights, arena)
+                    for s in seeds:
+                        t3 = time.monotonic()
+                        if req.trials_seconds and reports and t3 - t2 > req.trials_seconds:
+                            break  # the benchmark's time budget: the trials done so far are the answer
+                        reports.append(ab_in_process(task, spec, libs[0], libs[1], req.shapes, s, device,
+                                                     req.max_seconds, req.min_pairs, req.target_halfwidth,
+                                                     req.min_gain, req.allowances, req.weights, arena))
+                        trial_seconds.append(round(time.monotonic() - t3, 3))
                 except RunnerError as exc:
-                    return WorkerResult(ok=False, device=info, check=check, error=f"timing stopped: {exc}")
+                    stages["timing"] = round(time.monotonic() - t2, 3)
+                    return result(ok=False, check=check, error=f"timing stopped: {exc}")
+                stages["timing"] = round(time.monotonic() - t2, 3)
                 audit = cpu_audit(runners) if device.type == "cpu" else []
-                return WorkerResult(ok=True, device=info, check=check, ab=report, warnings=audit)
-            return WorkerResult(ok=True, device=info)  # probe
+                return result(ok=True, check=check, ab=reports[0], warnings=audit,
+                              trials=reports if trials > 1 else [], trial_seconds=trial_seconds if trials > 1 else [])
+            return result(ok=True)  # probe
         finally:
-            for r in runners.values():
-                r.close()
-            arena.close()
+            judge.close()
 
 
 def cpu_audit(runners: dict) -> list[str]:
@@ -111,8 +171,11 @@ def cpu_audit(runners: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 5 and argv[1] == "--standby":
+        return standby(Path(argv[2]), Path(argv[3]), Path(argv[4]))
     if len(argv) != 3:
-        print("usage: python -m tools.worker REQUEST.json RESULT.json", file=sys.stderr)
+        print("usage: python -m tools.worker REQUEST.json RESULT.json\n"
+              "       python -m tools.worker --standby TASK_DIR SCRATCH RESULT.json  (request on stdin)", file=sys.stderr)
         return 2
     req_path, out_path = Path(argv[1]), Path(argv[2])
     try:
@@ -120,13 +183,61 @@ def main(argv: list[str]) -> int:
         req_path.unlink()  # the request holds the gate's seed: gone before any untrusted code loads
         result = serve(req)
     except Exception as exc:
-        tb = traceback.format_exc(limit=4)
-        result = WorkerResult(ok=False, error=f"{type(exc).__name__}: {exc}\n{tb[-1500:]}")
-    tmp = out_path.with_suffix(".tmp")
-    tmp.write_text(result.model_dump_json())
-    tmp.replace(out_path)
+        result = _failure(exc)
+    _answer(result, out_path)
     return 0
 
 
+READY_FILE = "ready"
+
+
+def standby(task_dir: Path, scratch: Path, out_path: Path) -> int:
+    """A pre-started judge (tools/runner.JudgeStandby): torch imported (and the CUDA context made),
+    both runners started, prepared and locked down, no library loaded; then `ready` is written in
+    `scratch` and the request (with its seeds) is read from stdin, sent only at decision time.
+    Stdin closed without a request: exit without answering (the standby was not needed)."""
+    t0 = time.monotonic()
+    try:
+        task = load_task(task_dir)
+        judge = Judge(task, ["best", "cand"], scratch)
+    except Exception as exc:
+        _answer(_failure(exc), out_path)
+        return 0
+    try:
+        judge.prepare()
+        warmed = time.monotonic() - t0
+        (scratch / READY_FILE).write_text(f"{warmed:.3f}\n")
+        data = sys.stdin.buffer.read()
+        if not data:
+            judge.close()
+            return 0
+        req = WorkerRequest.model_validate_json(data)
+        del data
+        if Path(req.task_dir).resolve() != task_dir.resolve():
+            raise ValueError(f"request for {req.task_dir}, standby for {task_dir}")
+        result = serve(req, judge)
+    except Exception as exc:
+        judge.close()
+        result = _failure(exc)
+    _answer(result, out_path)
+    return 0
+
+
+def _failure(exc: Exception) -> WorkerResult:
+    tb = traceback.format_exc(limit=4)
+    return WorkerResult(ok=False, error=f"{type(exc).__name__}: {exc}\n{tb[-1500:]}")
+
+
+def _answer(result: WorkerResult, out_path: Path) -> None:
+    tmp = out_path.with_suffix(".tmp")
+    tmp.write_text(result.model_dump_json())
+    tmp.replace(out_path)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    code = main(sys.argv)
+    # the answer is written and every runner closed: skip the interpreter's teardown (torch's takes
+    # about 0.3 s, on every decision's critical path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
