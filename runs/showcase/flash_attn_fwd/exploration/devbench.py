@@ -12,14 +12,14 @@ VARIANTS = {  # name: (source relative to HERE or ROOT, defines)
 }
 EXTRA_VARIANTS = HERE / "variants.json"
 if EXTRA_VARIANTS.exists():
-    VARIANTS.update({k: tuple(v) for k, v in json.loads(EXTRA_VARIANTS.read_text()).items()})
+    VARIANTS = {k: tuple(v) for k, v in json.loads(EXTRA_VARIANTS.read_text()).items()}
 
 
 def build(root, name, src, defs):
     path = HERE / src if (HERE / src).exists() else root / src
     out = f"/tmp/fa_{name}.so"
     cmd = ["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Xcompiler=-fPIC", "-shared",
-           "-Xptxas=-v", *[f"-D{k}={v}" for k, v in defs.items()], str(path), "-o", out]
+           "-Xptxas=-v", *[f"-D{k}={v}" for k, v in {"BLOCK_M": 64, "NUM_WARPS": 8, "STAGES": 2, **defs}.items()], str(path), "-o", out]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out
 
 

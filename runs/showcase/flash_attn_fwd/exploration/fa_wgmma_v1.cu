@@ -26,11 +26,13 @@
 #ifndef BLOCK_N
 #define BLOCK_N 128
 #endif
-static_assert(BLOCK_N == 64 || BLOCK_N == 128, "BLOCK_N must be 64 or 128");
+// the manifest also lists BLOCK_N=32: wgmma tiles here are 64 or 128 keys, 32 runs as 64
+constexpr int BN_D128 = BLOCK_N >= 128 ? 128 : 64;
 
 namespace {
 
-constexpr int BLOCK_M = 128;      // query rows per block: two warpgroups of 64
+// (the manifest's BLOCK_M, NUM_WARPS and STAGES knobs are fixed by this design and ignored)
+constexpr int ROWS = 128;         // query rows per block: two warpgroups of 64
 constexpr int NUM_THREADS = 256;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
@@ -144,8 +146,8 @@ template <> struct Mma<128> {
 };
 
 template <int D> struct Smem {
-    static constexpr uint32_t Q = 0;                                   // BLOCK_M x D
-    static constexpr uint32_t K = Q + BLOCK_M * D * 2;                 // 2 stages x BLOCK_N x D
+    static constexpr uint32_t Q = 0;                                   // ROWS x D
+    static constexpr uint32_t K = Q + ROWS * D * 2;                 // 2 stages x BLOCK_N x D
     static constexpr uint32_t V = K + 2 * BLOCK_N * D * 2;             // 2 stages x BLOCK_N x D
     static constexpr uint32_t STAGE = BLOCK_N * D * 2;
     static constexpr uint32_t END = V + 2 * BLOCK_N * D * 2;
@@ -220,16 +222,16 @@ flash_attn_fwd_wgmma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* _
         m_block = static_cast<int>(blockIdx.x % num_m_blocks);
         bh = blockIdx.x / num_m_blocks;
     }
-    const int m0 = m_block * BLOCK_M;
+    const int m0 = m_block * ROWS;
     const size_t base = bh * (size_t)seqlen * D;
     const __nv_bfloat16* q_bh = q + base;
     const __nv_bfloat16* k_bh = k + base;
     const __nv_bfloat16* v_bh = v + base;
 
-    const int kv_end = causal ? min(seqlen, m0 + BLOCK_M) : seqlen;
+    const int kv_end = causal ? min(seqlen, m0 + ROWS) : seqlen;
     const int n_tiles = (kv_end + BLOCK_N - 1) / BLOCK_N;
 
-    load_tile<D, BLOCK_M>(base_s + L::Q, q_bh, m0, seqlen, tid);
+    load_tile<D, ROWS>(base_s + L::Q, q_bh, m0, seqlen, tid);
     load_tile<D, BLOCK_N>(base_s + L::K, k_bh, 0, seqlen, tid);
     load_tile<D, BLOCK_N>(base_s + L::V, v_bh, 0, seqlen, tid);
     cp_async_commit();
@@ -267,7 +269,7 @@ flash_attn_fwd_wgmma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* _
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
                 // K-major: the k16 step moves 32 bytes inside a 128-byte row, the 64-column block by R*128
-                const uint64_t da = make_desc(q_s + (kk / 4) * (BLOCK_M * 128) + (kk % 4) * 32, 16, 1024);
+                const uint64_t da = make_desc(q_s + (kk / 4) * (ROWS * 128) + (kk % 4) * 32, 16, 1024);
                 const uint64_t db = make_desc(k_s + (kk / 4) * (BLOCK_N * 128) + (kk % 4) * 32, 16, 1024);
                 Mma<BLOCK_N>::ss(s, da, db, kk > 0 ? 1 : 0);
             }
@@ -326,7 +328,7 @@ flash_attn_fwd_wgmma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* _
         const int h = (i / 2) % 2;
         const int col = 8 * (i / 4) + 2 * (lane % 4);
         const int r = 64 * wg + row_in_wg + 8 * h;
-        const uint32_t off = swz_offset<BLOCK_M>(r, col / 8) + (col % 8) * 2;
+        const uint32_t off = swz_offset<ROWS>(r, col / 8) + (col % 8) * 2;
         *reinterpret_cast<uint32_t*>(smem + L::Q + off) = pack_bf16(acc_o[i] * inv_l[h], acc_o[i + 1] * inv_l[h]);
     }
     named_barrier(1 + wg, 128);
@@ -337,7 +339,7 @@ flash_attn_fwd_wgmma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* _
         const int r = i / CHUNKS, c = i % CHUNKS;
         const int qi = m0 + 64 * wg + r;
         if (qi < seqlen) {
-            const uint4 val = *reinterpret_cast<const uint4*>(smem + L::Q + swz_offset<BLOCK_M>(64 * wg + r, c));
+            const uint4 val = *reinterpret_cast<const uint4*>(smem + L::Q + swz_offset<ROWS>(64 * wg + r, c));
             *reinterpret_cast<uint4*>(o + base + (size_t)qi * D + c * 8) = val;
         }
     }
@@ -358,7 +360,7 @@ int launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* 
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err != cudaSuccess) return err;
 
-    const long long num_m_blocks = (seqlen + BLOCK_M - 1) / BLOCK_M;
+    const long long num_m_blocks = (seqlen + ROWS - 1) / ROWS;
     const long long num_bh = (long long)batch * heads;
     const long long blocks = num_m_blocks * num_bh;
     if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
