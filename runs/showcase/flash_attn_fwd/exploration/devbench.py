@@ -113,7 +113,7 @@ def main():
         t1 = time.time()
         try:
             r = subprocess.run([sys.executable, __file__, "--child", str(root), cname, sos.get(n, ""), str(outdir)],
-                               capture_output=True, text=True, timeout=60)
+                               capture_output=True, text=True, timeout=45)
             (outdir / f"{cname}.log").write_text(r.stdout + r.stderr)
             line = [l for l in r.stdout.splitlines() if l.startswith("{")]
             results.setdefault(cname, {}).update(json.loads(line[-1]) if line else {"error": r.stderr[-800:]})

@@ -30,7 +30,7 @@
 #define BLOCK_N 128
 #endif
 #ifndef BLOCK_N_D64
-#define BLOCK_N_D64 64
+#define BLOCK_N_D64 128
 #endif
 // the manifest also lists BLOCK_N=32: wgmma tiles here are 64 or 128 keys, 32 runs as 64
 constexpr int BN_D128 = BLOCK_N >= 128 ? 128 : 64;
