@@ -20,6 +20,11 @@ timeout 60 python3 -m agent.cli submit -m "wgmma: S and P in registers, swizzled
 echo "[submit 1: $((SECONDS - t0)) s]"
 if [ -n "${SECOND:-}" ]; then
   cp $here/.dogfood/fa/fa_wgmma_v3.cu flash_attn_fwd.cu
+  if [ -n "${PROFILE:-}" ]; then  # Nsight Compute figures of v3 on the 16k shape, as an agent would look first
+    t0=$SECONDS
+    timeout ${PROFILE_S:-60} python3 -m agent.cli profile --shape d128_s16k 2>&1 | tail -40 | tee $out/profile_v3.txt
+    echo "[profile: $((SECONDS - t0)) s]"
+  fi
   t0=$SECONDS
   timeout 60 python3 -m agent.cli submit -m "Warp specialisation: a producer warpgroup loads K/V through cp.async + mbarriers, consumers ping-pong their MMAs" \
     --rationale "v2 ran at ~36% of the tensor peak per tile with both warpgroups in lock-step (two block barriers per tile, all 256 threads issuing cp.async). Now a producer warpgroup (setmaxnreg 40) fills a 3-stage ring whose stages complete on mbarriers (cp.async.mbarrier.arrive) and are released per consumer warp; the consumers (setmaxnreg 232) never meet at a block barrier and take turns issuing MMAs (two named barriers), so one warpgroup's softmax runs under the other's MMAs. devbench (H200): ${SECOND}, see runs/showcase/flash_attn_fwd/README.md." 2>&1 | tail -14 | tee $out/submit2.txt
