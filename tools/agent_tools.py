@@ -141,15 +141,25 @@ def knobs_tool(ctx: SessionPort, args: KnobsInput) -> ToolResult:
 class SweepInput(ToolInput):
     configs: list[KnobMap] | None = Field(default=None, description="Knob settings to rank, each a map of overrides. Default: every combination of the knobs (capped at 64).")
     seconds: float = Field(default=0.3, gt=0, le=3, description="Timing seconds per shape per setting.")
+    defines: dict[str, list[int]] | None = Field(default=None, description=(
+        "Exploration only: constants that are not knobs (read in the source with `#ifndef NAME`), each "
+        "with integer values to try, e.g. {\"LANES\": [8, 16]}; crossed with every setting. The gate "
+        "ignores them: write the winner into the source before you submit."))
 
 
 def sweep_tool(ctx: SessionPort, args: SweepInput) -> ToolResult:
-    from tools.sweep import format_sweep, knob_grid, sweep
+    from tools.sweep import define_grid, format_sweep, knob_grid, sweep
+    from tools.task import TaskError
 
-    configs = args.configs or knob_grid(ctx.task)
-    if len(configs) > 64:
-        return ToolResult(ok=False, text=f"sweep: {len(configs)} settings is too many for one call (max 64); pass `configs`")
-    rows = sweep(ctx.task, configs, src_root=ctx.files_root, trusted_dir=ctx.trusted_dir, seconds_per_shape=args.seconds)
+    configs = args.configs or (knob_grid(ctx.task) if not args.defines else [{}])
+    try:
+        n = len(configs) * len(define_grid(ctx.task, args.defines))
+    except TaskError as exc:
+        return ToolResult(ok=False, text=str(exc))
+    if n > 64:
+        return ToolResult(ok=False, text=f"sweep: {n} settings is too many for one call (max 64); pass `configs` or fewer `defines`")
+    rows = sweep(ctx.task, configs, src_root=ctx.files_root, trusted_dir=ctx.trusted_dir, seconds_per_shape=args.seconds,
+                 defines=args.defines)
     current = ctx.task.knob_settings(ctx.files_root)
     return ToolResult(text=format_sweep(rows, baseline=current) + "\nTo land a setting, submit with `knobs`.",
                       data={"rows": [r.model_dump(mode="json") for r in rows]})

@@ -242,7 +242,8 @@ def build(
     """Build `task` with its sources taken from `src_root` (default: the task folder).
 
     `knobs` are overrides on the task's current settings (validated against the manifest);
-    `extra_flags` are for kloop's own instruments (the gate benchmark's test hooks), not for users.
+    `extra_flags` are for kloop's own instruments (the gate benchmark's test hooks, the sweep's
+    validated `-DNAME=int` exploration constants), never a user's or a model's free text.
     """
     src_root = Path(src_root or task.root)
     knobs = task.resolve_knobs(knobs, folder=src_root)

@@ -65,6 +65,7 @@ class Host:
             props = torch.cuda.get_device_properties(0)
             l2 = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
             self.flush_buf = torch.empty(max(256 << 20, 2 * l2), dtype=torch.uint8, device=self.device)
+            _no_persisting_l2()  # before the library loads; it cannot raise the limit (cudaDeviceSetLimit: audit)
         else:
             torch.set_num_threads(1)
         self.spec = load_spec(spec_path)
@@ -131,9 +132,7 @@ class Host:
 
     def flush(self) -> dict:
         if self.device.type == "cuda":
-            if self.flush_buf is not None:
-                self.flush_buf.zero_()
-            _reset_persisting_l2()
+            flush_l2(self.flush_buf)
         return {}
 
     def serve(self) -> None:
@@ -153,24 +152,51 @@ class Host:
                            "where": traceback.format_exc(limit=3)[-800:]})
 
 
-_PERSIST_RESET = None
+def flush_l2(buf) -> None:
+    """The L2 flush before a timed sample. Persisting lines go back to normal first
+    (cudaCtxResetPersistingL2Cache), then writing `buf` (twice the L2) evicts them with everything else:
+    in the other order, lines that a persisting window or an evict_last policy kept through the
+    write would stay in L2, merely demoted, and the next call would still read them from there."""
+    _reset_persisting_l2()
+    if buf is not None:
+        buf.zero_()
+
+
+_CUDART = None
+CUDA_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06  # cudaLimitPersistingL2CacheSize
+
+
+def _cudart():
+    """The CUDA runtime torch loaded (by soname, so the same instance), or None."""
+    global _CUDART
+    if _CUDART is None:
+        _CUDART = False
+        for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):  # torch's soname first
+            try:
+                lib = ctypes.CDLL(name)
+                lib.cudaCtxResetPersistingL2Cache.restype = ctypes.c_int
+                lib.cudaDeviceSetLimit.restype = ctypes.c_int
+                lib.cudaDeviceSetLimit.argtypes = [ctypes.c_int, ctypes.c_size_t]
+                _CUDART = lib
+                break
+            except (OSError, AttributeError):
+                continue
+    return _CUDART or None
 
 
 def _reset_persisting_l2() -> None:
     """cudaCtxResetPersistingL2Cache: a persisting access window set by the kernel must not survive the flush."""
-    global _PERSIST_RESET
-    if _PERSIST_RESET is None:
-        _PERSIST_RESET = False
-        for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
-            try:
-                fn = ctypes.CDLL(name).cudaCtxResetPersistingL2Cache
-                fn.restype = ctypes.c_int
-                _PERSIST_RESET = fn
-                break
-            except (OSError, AttributeError):
-                continue
-    if _PERSIST_RESET:
-        _PERSIST_RESET()
+    rt = _cudart()
+    if rt is not None:
+        rt.cudaCtxResetPersistingL2Cache()
+
+
+def _no_persisting_l2() -> None:
+    """No L2 set aside for persisting accesses (cudaLimitPersistingL2CacheSize = 0): an access policy
+    window a kernel passes as a launch attribute (cudaLaunchKernelEx is allowed) has nothing to persist in."""
+    rt = _cudart()
+    if rt is not None:
+        rt.cudaDeviceSetLimit(CUDA_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
 
 
 def _lockdown(cuda: bool = False) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +24,8 @@ from tools.evaluate import run_bench
 
 class SweepRow(BaseModel):
     knobs: dict[str, KnobValue]
+    # exploration-only constants (-D NAME=VALUE beside the knobs): ranked, never gated
+    defines: dict[str, int] = Field(default_factory=dict)
     ok: bool
     error: str | None = None
     times: dict[str, float] = Field(default_factory=dict)  # shape -> median seconds
@@ -40,6 +43,25 @@ def knob_grid(task: Task, fixed: dict[str, Any] | None = None) -> list[dict[str,
     return [dict(zip(names, combo)) for combo in itertools.product(*axes)]
 
 
+DEFINE_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
+
+
+def define_grid(task: Task, defines: dict[str, list[int]] | None) -> list[dict[str, int]]:
+    """Every combination of exploration constants (`{NAME: [values]}`), validated: an upper-case C
+    identifier that is not a knob (knobs are swept as knobs), integer values. [{}] when none."""
+    if not defines:
+        return [{}]
+    for name, values in defines.items():
+        if not DEFINE_NAME.fullmatch(name):
+            raise TaskError(f"sweep: define {name!r} is not an upper-case C identifier (A-Z, 0-9, _)")
+        if name in task.manifest.knobs:
+            raise TaskError(f"sweep: {name} is a knob of {task.name}; sweep it in `configs`, not as a define")
+        if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise TaskError(f"sweep: define {name} needs a non-empty list of integers, got {values!r}")
+    names = sorted(defines)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(defines[n] for n in names))]
+
+
 def weighted_geomean(task: Task, times: dict[str, float]) -> float | None:
     """The task's bench-shape weights over `times` (shape -> seconds)."""
     shapes = [s for s in task.bench_shapes if s.name in times]
@@ -48,36 +70,44 @@ def weighted_geomean(task: Task, times: dict[str, float]) -> float | None:
 
 def sweep(task: Task, configs: list[dict[str, Any]], src_root: Path | None = None, trusted_dir: Path | None = None,
           seconds_per_shape: float = 0.3, shapes: list[str] | None = None, jobs: int | None = None,
-          on_row: Callable[[int, int, SweepRow], None] | None = None) -> list[SweepRow]:
-    """Rank `configs` (knob overrides): parallel builds, then sequential timings, fastest first.
+          on_row: Callable[[int, int, SweepRow], None] | None = None,
+          defines: dict[str, list[int]] | None = None) -> list[SweepRow]:
+    """Rank `configs` (knob overrides), each crossed with every combination of `defines`
+    (exploration constants the source reads with `#ifndef NAME`): parallel builds, then sequential
+    timings, fastest first. The gate builds from the files alone: a define wins nothing until it is
+    written into the source.
 
     `on_row(i, n, row)` is called as each setting is timed (progress displays)."""
     jobs = jobs or max(1, (os.cpu_count() or 2))
+    settings = [(knobs, consts) for knobs in configs for consts in define_grid(task, defines)]
 
-    def build_one(knobs):
+    def build_one(setting):
+        knobs, consts = setting
         try:
-            return knobs, build(task, knobs, src_root=src_root), None
+            flags = [f"-D{n}={v}" for n, v in sorted(consts.items())] or None
+            return knobs, consts, build(task, knobs, src_root=src_root, extra_flags=flags), None
         except TaskError as exc:
-            return knobs, None, str(exc)
+            return knobs, consts, None, str(exc)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        built = list(pool.map(build_one, configs))
+        built = list(pool.map(build_one, settings))
     rows = []
-    for knobs, result, error in built:
-        rows.append(_time_one(task, knobs, result, error, trusted_dir, shapes, seconds_per_shape))
+    for knobs, consts, result, error in built:
+        rows.append(_time_one(task, knobs, consts, result, error, trusted_dir, shapes, seconds_per_shape))
         if on_row:
             on_row(len(rows), len(built), rows[-1])
     return sorted(rows, key=lambda r: (not r.ok, r.score if r.score is not None else math.inf))
 
 
-def _time_one(task: Task, knobs, result, error, trusted_dir, shapes, seconds_per_shape) -> SweepRow:
+def _time_one(task: Task, knobs, consts, result, error, trusted_dir, shapes, seconds_per_shape) -> SweepRow:
     """Time one built setting in a fresh worker."""
     full = result.knobs if result else knobs
     if result is None or not result.ok:
-        return SweepRow(knobs=full, ok=False, error=error or (result.error_text()[:500] if result else ""))
+        return SweepRow(knobs=full, defines=consts, ok=False,
+                        error=error or (result.error_text()[:500] if result else ""))
     res = run_bench(task, result.lib, shapes=shapes, comparators=False, seconds_per_shape=seconds_per_shape,
                     trusted_dir=trusted_dir)
-    row = SweepRow(knobs=full, ok=res.ok and res.bench is not None,
+    row = SweepRow(knobs=full, defines=consts, ok=res.ok and res.bench is not None,
                    registers={k.name: k.registers for k in result.kernels},
                    spills=sum(k.spill_store_bytes + k.spill_load_bytes for k in result.kernels),
                    device=res.device.label() if res.device else None)
@@ -94,16 +124,21 @@ def _time_one(task: Task, knobs, result, error, trusted_dir, shapes, seconds_per
 
 def format_sweep(rows: list[SweepRow], baseline: dict[str, KnobValue] | None = None) -> str:
     """A ranked table; speed relative to the baseline setting when it was swept."""
-    base = next((r.score for r in rows if baseline and r.knobs == baseline and r.score), None)
+    base = next((r.score for r in rows if baseline and r.knobs == baseline and not r.defines and r.score), None)
     lines = [f"{'rank':>4}  {'score (geomean)':>16} {'vs current':>10}  knobs"]
     for i, r in enumerate(rows, 1):
         knobs = " ".join(f"{k}={v}" for k, v in r.knobs.items())
+        if r.defines:
+            knobs += "  -D " + " ".join(f"{k}={v}" for k, v in r.defines.items())
         if not r.ok:
             lines.append(f"{i:>4}  {'failed':>16} {'':>10}  {knobs}: {(r.error or '').splitlines()[0][:120] if r.error else ''}")
             continue
         rel = f"x{base / r.score:.3f}" if base and r.score else ""
         spill = f"  SPILLS {r.spills} B" if r.spills else ""
-        lines.append(f"{i:>4}  {fmt_ms(r.score):>16} {rel:>10}  {knobs}{spill}")
+        score = fmt_ms(r.score) if r.score is not None else "no bench shape"
+        lines.append(f"{i:>4}  {score:>16} {rel:>10}  {knobs}{spill}")
     if rows and rows[0].device:
         lines.append(f"(quick timings, not gating; measured on {rows[0].device})")
+    if any(r.defines for r in rows):
+        lines.append("(-D constants are exploration only: the gate builds from the files; write the winner into the source to land it)")
     return "\n".join(lines)

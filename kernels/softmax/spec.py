@@ -28,10 +28,35 @@ def _dims(shape: dict) -> tuple[int, int]:
     return int(shape["rows"]), int(shape["cols"])
 
 
+# Adversarial rows, so range and precision shortcuts fail the check (a row's kind is its index mod 8;
+# row 0 and a 1-row matrix stay plain N(0,1)*4):
+#   1: large logits, N(0,1)*1000: x - max reaches several thousand below 0, far below exp's fp32
+#      range (-87): an exp that wraps there, or a softmax without the max subtraction, fails;
+#   2: a flat row, every entry the same value N(0,1)*100: every output 1/cols, exactly the case where a
+#      sum kept in bf16 stalls (256 + 1 == 256) and exp(x) without the max overflows;
+#   3: about a quarter of the entries -inf (a masked row), one random entry always finite: exp(-inf)
+#      must give 0, never NaN.
+# Every honest fp32 kernel (expf, exp2f/ex2.approx with a pre-scaled log2(e), online softmax) computes
+# these as the reference does up to bf16 rounding, so the task's tolerance is unchanged.
+LARGE_SCALE = 1000.0
+FLAT_SCALE = 100.0
+MASKED_FRACTION = 0.25
+
+
 def make_inputs(shape: dict, gen: torch.Generator, device: torch.device) -> dict[str, torch.Tensor]:
     rows, cols = _dims(shape)
     x = torch.randn((rows, cols), generator=gen, device=gen.device, dtype=torch.float32)
     x.mul_(INPUT_SCALE)
+    if rows > 1 and cols > 0:
+        x[1::8].mul_(LARGE_SCALE / INPUT_SCALE)
+        flat = x[2::8]
+        flat.copy_((torch.randn((flat.shape[0], 1), generator=gen, device=gen.device) * FLAT_SCALE).expand_as(flat))
+        masked = x[3::8]
+        n = masked.shape[0]
+        drop = torch.rand((n, cols), generator=gen, device=gen.device) < MASKED_FRACTION
+        keep = torch.randint(0, cols, (n, 1), generator=gen, device=gen.device)
+        drop.scatter_(1, keep, False)
+        masked.masked_fill_(drop, float("-inf"))
     return {"x": x.to(device=device, dtype=torch.bfloat16).contiguous()}
 
 
