@@ -18,13 +18,13 @@ import os
 import pickle
 import struct
 import sys
-import time
 import traceback
 import warnings
 
 import torch  # imported before any untrusted code loads (and so the library cannot race it)
 
 from tools.spec import load_spec
+from tools.timing import hold_device
 
 _DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
                                torch.int16, torch.int32, torch.int64, torch.bool)}
@@ -131,6 +131,7 @@ class Host:
             if flush:
                 self.flush()
             if cuda and timed:
+                hold_device(len(calls))
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             for key in calls:

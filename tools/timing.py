@@ -24,6 +24,20 @@ def tensors_bytes(d: dict) -> int:
     return sum(t.numel() * t.element_size() for t in d.values() if isinstance(t, torch.Tensor))
 
 
+HOLD_BASE_S = 30e-6  # device spin before a timed sample: the host's enqueue of the sample fits under it
+HOLD_PER_CALL_S = 15e-6
+SPIN_HZ = 2.0e9  # cycles per second assumed for the spin (Hopper boosts to ~2 GHz; a longer spin is harmless)
+
+
+def hold_device(calls: int) -> None:
+    """Keep the current stream busy (a spin kernel, no memory traffic) while the host enqueues the
+    start event and `calls` launches: otherwise the start event fires at once and the sample also
+    times the host's launch gaps (Python and ctypes jitter), noise that swamps short kernels."""
+    spin = getattr(torch.cuda, "_sleep", None)
+    if spin is not None:
+        spin(int((HOLD_BASE_S + HOLD_PER_CALL_S * calls) * SPIN_HZ))
+
+
 class Timer:
     """Times batches of calls on one device, the cache cold before each sample."""
 
@@ -59,6 +73,7 @@ class Timer:
         for call in calls:
             if flush:
                 self.flush()
+            hold_device(1)
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()

@@ -29,7 +29,7 @@ from agent.gate import Candidate, Gate, GateConfig
 from tests.cuda_cheats import CU_CHEATS, TASK, build_all, candidates
 
 pytestmark = pytest.mark.gpu
-GATE = GateConfig(max_seconds=2.0, min_pairs=8)
+GATE = GateConfig(max_seconds=3.0, min_pairs=8)
 
 NAIVE = r"""
 import ctypes, json, sys, torch
@@ -103,15 +103,11 @@ def _faster(factor: float):
     return fooled
 
 
-def _l2_fooled(r: dict, base: dict) -> bool:
-    """Faster with the same buffers every call, without a flush or despite a plain one."""
-    return r["ok"] and (r["t"] < 0.9 * base["t"] or r["t_flush"] < 0.9 * base["t_flush"])
-
-
+INEFFECTIVE = None  # the trick costs more than it saves even against the naive harness
 NOT_FASTER = ("timing", "undecided")  # the trick never fires under the gate: no gain left (or a loss)
 WRONG = ("check", "timing")
 # kind -> (fooled(naive result, naive baseline), stages the gate may reject at, words its reason must hold
-#          (alternatives split by |); None: a known hole, the gate accepts it: xfail)
+#          (alternatives split by |)
 CASES = {
     "cu_cache_pointer": (_faster(2.0), ("check",), ["wrong results", "call 1"]),
     "cu_cache_content": (_faster(1.5), NOT_FASTER, []),
@@ -120,13 +116,15 @@ CASES = {
     "cu_timing_detect": (_faster(2.0), WRONG, ["wrong"]),
     "cu_stream_legacy": (_faster(3.0), NOT_FASTER, []),
     "cu_stream_per_thread": (_faster(3.0), NOT_FASTER, []),
-    "cu_sparse_rows": (_faster(3.0), ("check",), ["wrong results"]),
+    "cu_sparse_rows": (_faster(2.0), ("check",), ["wrong results"]),
     "cu_shape_special": (_faster(3.0), ("check",), ["wrong results", "65536x4096|16384x16384|8192x2048"]),
-    "cu_fast_exp": (_faster(1.1), ("check",), ["wrong results"]),
+    "cu_fast_exp": (_faster(1.04), ("check",), ["wrong results"]),
     "cu_no_max": (_faster(1.1), ("check",), ["wrong results"]),
     "cu_bf16_sum": (_faster(1.1), ("check",), ["wrong results", "3x100003"]),
-    "cu_l2_evict_last": (_l2_fooled, NOT_FASTER, []),
-    "cu_input_scratch": (_faster(1.1), None, []),
+    # not effective on the H200 (measured 2026-12-01 with this naive harness: 52.5 / 50.7 us against the
+    # baseline's 40.3 us): kept as probes of the layers, the gate must still not accept them
+    "cu_l2_evict_last": (INEFFECTIVE, NOT_FASTER, []),
+    "cu_input_scratch": (INEFFECTIVE, NOT_FASTER, []),
 }
 
 
@@ -176,17 +174,14 @@ def test_cheat_fools_a_naive_harness_and_not_the_gate(kind, gate, builds, naive,
     best, built = builds
     r, base = naive[kind], naive["baseline"]
     assert "error" not in r, r
-    was_fooled = fooled(r, base)
+    was_fooled = fooled(r, base) if fooled is not INEFFECTIVE else False
     v = gate.judge_built(built[kind], best)
     with capsys.disabled():
         print(f"\n{kind:<22} naive: {'FOOLED' if was_fooled else 'not fooled'} (check {'ok' if r['ok'] else 'FAILED'}, "
               f"{_us(r['t'])} vs baseline {_us(base['t'])}; flushed {_us(r['t_flush'])} vs {_us(base['t_flush'])}) "
               f"| gate: {'ACCEPTED' if v.accepted else 'rejected'} at {v.stage}: {v.reason[:300]}")
-    assert was_fooled, f"{kind} does not fool the naive harness: {r} (baseline {base})"
-    if stages is None:
-        assert v.accepted, f"the known hole is closed ({v.stage}: {v.reason}): give {kind} its expected reason in CASES"
-        pytest.xfail("known hole: an input used as scratch and restored within the call is invisible on CUDA "
-                     "(IPC memory is writable; docs/ARCHITECTURE.md)")
+    if fooled is not INEFFECTIVE:
+        assert was_fooled, f"{kind} does not fool the naive harness: {r} (baseline {base})"
     assert not v.accepted, v.summary()
     assert v.stage in stages, v.summary()
     for w in words:
@@ -287,6 +282,8 @@ def test_l2_probe_evict_last_does_not_survive_the_runner_flush(probe_lib, capsys
                 flush.zero_()
             elif how == "runner":
                 libhost.flush_l2(flush)
+            # the device busy while the host enqueues: the events then time the read, not launch gaps
+            torch.cuda._sleep(200_000)
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             read(False)
