@@ -130,7 +130,7 @@ class Host:
         for _ in range(samples):
             if flush:
                 self.flush()
-            if cuda and timed:
+            if cuda and timed and flush:  # timed samples only: a probe's wall must not carry a spin
                 hold_device(len(calls))
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
