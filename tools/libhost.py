@@ -130,8 +130,9 @@ class Host:
         for _ in range(samples):
             if flush:
                 self.flush()
-            if cuda and timed and flush:  # timed samples only: a probe's wall must not carry a spin
-                hold_device(len(calls))
+            if cuda and timed:
+                if flush:  # timed samples only: a probe's wall must not carry a spin
+                    hold_device(len(calls))
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             for key in calls:

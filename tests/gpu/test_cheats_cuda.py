@@ -113,7 +113,7 @@ CASES = {
     "cu_cache_content": (_faster(1.5), NOT_FASTER, []),
     "cu_output_reuse": (_faster(1.5), NOT_FASTER, []),
     "cu_count_calls": (_faster(2.0), ("timing",), ["outputs of timed calls are wrong|faster than physics"]),
-    "cu_timing_detect": (_faster(2.0), WRONG, ["wrong"]),
+    "cu_timing_detect": (_faster(1.5), WRONG, ["wrong"]),
     "cu_stream_legacy": (_faster(3.0), NOT_FASTER, []),
     "cu_stream_per_thread": (_faster(3.0), NOT_FASTER, []),
     "cu_sparse_rows": (_faster(2.0), ("check",), ["wrong results"]),
