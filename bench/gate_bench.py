@@ -131,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     slot.refill()  # the first case's judge warms up during the builds
     pool = ThreadPoolExecutor(4)
     gains = [(float(g), int(n)) for g, n in (item.split(":") for item in args.gains.split(",") if item)]
+    if gains and not any("KLOOP_TEST_DELAY_NS" in (task.root / src).read_text(errors="replace")
+                         for src in task.manifest.sources):
+        # without the hook every "gain" build is the same kernel: the case would measure nothing
+        ap.error(f"{task.name} has no KLOOP_TEST_DELAY_NS hook in {task.manifest.sources}: "
+                 "run its A/A case alone (--gains '') or use a task with the hook (softmax)")
     # the builds in parallel (each a sandboxed ninja); the gain builds need the candidate's time first
     aa = [pool.submit(built_lib, task, [f"-DKLOOP_AA_COPY={i}"]) for i in (1, 2)] if args.aa else []
     fast_job = pool.submit(built_lib, task, ["-DKLOOP_TEST_DELAY_NS=0"]) if gains else None
