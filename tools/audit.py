@@ -85,6 +85,11 @@ CUDA_SYMBOLS = CPU_SYMBOLS + [
     "cudaOccupancyMaxActiveBlocksPerMultiprocessor", "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
     "cudaOccupancyMaxPotentialClusterSize", "cudaOccupancyMaxActiveClusters", "cudaMemsetAsync",
     "cudaGetFuncBySymbol", "cudaGetKernel",
+    # TMA: pure functions of the driver that fill a 128-byte tensor map in host memory (no stream, no
+    # allocation, no state). The runner puts the driver in the global scope before the library loads
+    # (tools/libhost.py) so these resolve; cudaGetDriverEntryPoint stays off: it would hand out every
+    # driver function without an import.
+    "cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapReplaceAddress",
 ]
 TARGET_SYMBOLS = {"cpu": CPU_SYMBOLS, "cuda": CUDA_SYMBOLS}
 
