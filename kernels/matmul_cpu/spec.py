@@ -1,17 +1,4 @@
-"""matmul_cpu: fp32 C = A @ B, reference in float64.
-
-Inputs are N(0, 1) unless the shape's `inputs` dim names an adversarial kind (check shapes only):
-    "range"     every entry positive (uniform in [0.5, 1)), the rows of A and the columns of B each scaled
-                by a power of two drawn from 2^-40..2^40: products span ~2^-80..2^80, far outside fp16's
-                range (a kernel that splits fp32 into fp16 pieces, or converts to fp16 anywhere, gets inf
-                or zeros). Positive entries: no cancellation, so an honest fp32 kernel keeps its usual
-                relative error (~1e-6) at every scale and the tolerance is unchanged.
-    "denormal"  an eighth of A's columns are fp32 denormals (~1e-39) and the matching rows of B are
-                ~1e38, so each of those products is ~0.05: a kernel that flushes denormals to zero
-                (FTZ/DAZ, fast-math) loses them; every seventh row of A is zero (its row of C must be 0).
-                No product of a normal A entry with a huge B entry exists, so nothing overflows in fp32.
-Power-of-two scales are exact in fp32, and the float64 reference sees the very same fp32 values.
-"""
+"""matmul_cpu: fp32 C = A @ B, reference in float64 (adversarial input kinds: below)."""
 
 import ctypes
 
@@ -20,10 +7,21 @@ import torch
 from tools.spec import check_status, ptr
 
 
+# Inputs are N(0, 1) unless the shape's `inputs` dim names an adversarial kind (check shapes only):
+#     "range"     every entry positive (uniform in [0.5, 1)), the rows of A and the columns of B each scaled
+#                 by a power of two drawn from 2^-40..2^40: products span ~2^-80..2^80, far outside fp16's
+#                 range (a kernel that splits fp32 into fp16 pieces, or converts to fp16 anywhere, gets inf
+#                 or zeros). Positive entries: no cancellation, so an honest fp32 kernel keeps its usual
+#                 relative error (~1e-6) at every scale and the tolerance is unchanged.
+#     "denormal"  an eighth of A's columns are fp32 denormals (~1e-39) and the matching rows of B are
+#                 ~1e38, so each of those products is 0.025..0.1: a kernel that flushes denormals to zero
+#                 (FTZ/DAZ, fast-math) loses them; every seventh row of A is zero (its row of C must be 0).
+#                 No product of a normal A entry with a huge B entry exists, so nothing overflows in fp32.
+# Power-of-two scales are exact in fp32, and the float64 reference sees the very same fp32 values.
 INPUT_KINDS = ("normal", "range", "denormal")
 RANGE_EXP = 40  # rows of A / columns of B scaled by 2^e, e uniform in [-RANGE_EXP, RANGE_EXP]
 DENORMAL = 1e-39  # below fp32's smallest normal (1.18e-38)
-HUGE = 1e38  # below fp32's largest (3.4e38); DENORMAL * HUGE ~ 0.1
+HUGE = 1e38  # below fp32's largest (3.4e38); DENORMAL * HUGE = 0.1
 
 
 def input_kind(shape) -> str:
