@@ -9,7 +9,7 @@ each does). For each task:
 - honest torch versions of the kernel (fp32 math, as the baselines do it) pass them under the task's own
   tolerance and comparison (tools.check.compare, as the gate uses it);
 - the key property: a *shortcut* (no max subtraction, a stale running max, an exp2 that wraps, fp16
-  pieces of fp32 values, denormals flushed to zero) passes every ordinary check shape (those without
+  pieces of fp32 values, denormals flushed to zero, one owning sequence per KV page) passes every ordinary check shape (those without
   `inputs`; for paged_decode the small ones: the bench shapes it also checks are too large for a CPU
   test) and FAILS every adversarial shape of the kinds it is listed against. So each row is effective:
   the ordinary shapes alone would let that shortcut through.
@@ -38,7 +38,8 @@ ADVERSARIAL = {
     "matmul_cpu": {"range": "range", "denormal": "denormal"},
     "flash_attn_fwd": {"d64_s257_large": "large", "d128_s200_large_causal": "large",
                        "d64_s257_ramp": "ramp", "d128_s300_ramp_causal": "ramp"},
-    "paged_decode": {"b5_gqa4_large": "large", "b6_gqa4_late": "late", "b4_mha_d64_p8_late_ramp": "late"},
+    "paged_decode": {"b5_gqa4_large": "large", "b6_gqa4_late": "late", "b4_mha_d64_p8_late_ramp": "late",
+                     "b5_gqa4_shared": "shared"},
 }
 _LOADED: dict = {}
 
@@ -171,6 +172,23 @@ def test_paged_large_and_late_scores():
             assert (lens > 256).any() and (lens % dims["page_size"] != 0).any()
 
 
+def test_paged_shared_pages():
+    task, spec = _load("paged_decode")
+    dims = task.shape("b5_gqa4_shared").dims
+    x = _inputs("paged_decode", dims)
+    bt = x["block_table"]
+    half = bt.shape[1] // 2
+    assert half >= 2 and (bt[:, :half] == bt[0, :half]).all()
+    rest = bt[:, half:].flatten().tolist() + bt[0, :half].tolist()
+    assert len(set(rest)) == len(rest)  # the other entries stay distinct
+    # the reference reads a shared page once per sequence: the same as attention over each sequence alone
+    ref = spec.reference(dims, x)["out"]
+    for i in range(bt.shape[0]):
+        one = {k: (v[i : i + 1] if k in ("q", "block_table", "context_lens") else v) for k, v in x.items()}
+        alone = spec.reference(dict(dims, batch=1), one)["out"]
+        torch.testing.assert_close(ref[i : i + 1], alone)
+
+
 def test_matmul_range_and_denormal_inputs():
     task, _ = _load("matmul_cpu")
     x = _inputs("matmul_cpu", task.shape("range").dims)
@@ -235,9 +253,16 @@ def _paged_scores(x, dims):
     return s.masked_fill(~valid[:, None, :], float("-inf"))
 
 
-def _paged(max_of=None, exp=torch.exp):
+def _paged(max_of=None, exp=torch.exp, owned_pages_only=False):
     def run(dims, x):
         s = _paged_scores(x, dims)
+        if owned_pages_only:  # pool-order kernel: each page credited to the last table entry naming it
+            bt = x["block_table"].long()
+            owner = torch.full((x["k_cache"].shape[0],), -1, dtype=torch.long)
+            owner[bt.flatten()] = torch.arange(bt.numel())  # with repeated pages, one entry wins
+            mine = (owner[bt] == torch.arange(bt.numel()).reshape(bt.shape))  # [b, pages]
+            ps = x["k_cache"].shape[1]
+            s = s.masked_fill(~mine.repeat_interleave(ps, dim=1)[:, None, :], float("-inf"))
         b, qh, d = x["q"].shape
         kvh = x["v_cache"].shape[2]
         v = x["v_cache"][x["block_table"].long()].reshape(b, -1, kvh, d).float()
@@ -291,6 +316,7 @@ SHORTCUTS = [
     ("paged_decode", "stale_max_first_page", _paged(max_of=_first_tile_max(8)), {"late"}),
     ("paged_decode", "stale_max_first_partition", _paged(max_of=_first_tile_max(256)), {"late"}),
     ("paged_decode", "wrapping_exp2", _paged(exp=_wrapping_exp), {"large"}),
+    ("paged_decode", "one_owner_per_page", _paged(owned_pages_only=True), {"shared"}),
     ("matmul_cpu", "fp16_pieces", _fp16_pieces, {"range", "denormal"}),
     ("matmul_cpu", "flush_denormals", _flush_denormals, {"denormal"}),
 ]

@@ -15,7 +15,8 @@ Shape dims: batch, q_heads, kv_heads, head_dim, page_size, ctx (the longest cont
     "random"  lengths drawn uniformly from [1, ctx] by the generator (check shapes)
     "fixed"   every length equals ctx (bench shapes: bytes_moved is exact)
     "ramp"    len_i = ctx - (i * (ctx - 1)) // (2 * batch): a fixed ragged batch from ctx down to about ctx / 2
-Every block-table entry (padding past a sequence's last page too) names a distinct page of the pool,
+Every block-table entry (padding past a sequence's last page too) names a distinct page of the pool
+(except for inputs = "shared", below),
 drawn by a random permutation; the pool holds a quarter more pages than the tables name, so the pages
 of a sequence are scattered and never contiguous by construction.
 
@@ -26,7 +27,11 @@ Adversarial inputs, so range shortcuts fail the check (check shapes only; dim `i
              random +-1 vector u per (sequence, KV head) added, that token's K gets u * LATE_SCORE /
              sqrt(head_dim). The max sits in the tail (usually partial) page, so a kernel that keeps
              the first page's or partition's max (no rescale) overflows, and one that drops or misplaces
-             the tail tokens is far off.
+             the tail tokens is far off;
+    "shared" prefix sharing (vLLM's prefix caching, beam search): every sequence's first half of table
+             entries names the same pages as sequence 0's (the pool and the other entries as above), so
+             one page is read by several sequences: a kernel that walks the pool page by page and
+             credits each page to one owner (an inverse of the table) leaves the others without it.
 """
 
 import ctypes
@@ -38,7 +43,7 @@ import torch.nn.functional as F
 from tools.spec import check_status, ptr
 
 LENS_MODES = ("random", "fixed", "ramp")
-INPUT_KINDS = ("normal", "large", "late")
+INPUT_KINDS = ("normal", "large", "late", "shared")
 LARGE_SCORE_STD = 30.0
 LATE_SCORE = 120.0
 
@@ -104,6 +109,8 @@ def make_inputs(shape, gen, device):
     k_cache = torch.randn(pool, ps, kvh, d, generator=gen, device=gd, dtype=torch.bfloat16)
     v_cache = torch.randn(pool, ps, kvh, d, generator=gen, device=gd, dtype=torch.bfloat16)
     kind = input_kind(shape)
+    if kind == "shared":
+        block_table[1:, : mp // 2] = block_table[0, : mp // 2]
     if kind == "large":
         q = (q.float() * LARGE_SCORE_STD).bfloat16()
     elif kind == "late":
