@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tools.task import Task
-from tools.fmt import fmt_rate, fmt_time
+from tools.fmt import fmt_rate, fmt_time, kernel_names
 from tools.build import format_build
 from tools.evaluate import EvalReport
 
@@ -26,9 +26,9 @@ def print_eval(console: Console, task: Task, report: EvalReport) -> None:
         t = Table(title="ptxas: resources per kernel", title_justify="left")
         for col in ("kernel", "regs", "spill st/ld B", "stack B", "smem B", "barriers"):
             t.add_column(col, justify="right" if col != "kernel" else "left")
-        for k in b.kernels:
+        for k, short in zip(b.kernels, kernel_names([k.name for k in b.kernels])):
             spills = f"{k.spill_store_bytes}/{k.spill_load_bytes}"
-            t.add_row(_short(k.name), str(k.registers), f"[red]{spills}[/]" if k.spill_store_bytes + k.spill_load_bytes else spills,
+            t.add_row(short, str(k.registers), f"[red]{spills}[/]" if k.spill_store_bytes + k.spill_load_bytes else spills,
                       str(k.stack_bytes), str(k.smem_bytes), str(k.barriers))
         console.print(t)
     for w in b.warnings:
@@ -55,16 +55,17 @@ def print_sass(console: Console, sass: dict) -> None:
     t.add_column("instrs", justify="right")
     t.add_column("families")
     t.add_column("loads/stores by width")
-    for name, s in sass.items():
+    shorts = kernel_names([s.get("kernel") or name for name, s in sass.items()])
+    for (name, s), short in zip(sass.items(), shorts):
         fams = s.get("families", {})
         top = sorted(fams.items(), key=lambda kv: -kv[1])[:SASS_FAMILIES_SHOWN]
         memory = s.get("memory", {})
-        t.add_row(_short(s.get("kernel") or name), str(s.get("total", "")), ", ".join(f"{k} {v}" for k, v in top),
+        t.add_row(short, str(s.get("total", "")), ", ".join(f"{k} {v}" for k, v in top),
                   ", ".join(f"{k} {v}" for k, v in memory.items()))
     console.print(t)
-    for name, s in sass.items():
+    for (name, s), short in zip(sass.items(), shorts):
         for w in s.get("warnings", []):
-            console.print(f"[yellow]SASS {_short(s.get('kernel') or name, 40)}:[/] {w}", highlight=False)
+            console.print(f"[yellow]SASS {short}:[/] {w}", highlight=False)
 
 
 def print_check(console: Console, report: EvalReport) -> None:
@@ -112,10 +113,6 @@ def print_bench(console: Console, report: EvalReport) -> None:
 
 def _knobs(knobs: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in knobs.items())
-
-
-def _short(name: str, n: int = 60) -> str:
-    return name if len(name) <= n else name[: n - 3] + "..."
 
 
 def _g(x) -> str:

@@ -29,7 +29,7 @@ from agent.workspace import Workspace
 from tools.agent_tools import session_toolbox
 from tools.base import ToolBox
 from tools.build import BuildResult
-from tools.fmt import device_label, fmt_ms
+from tools.fmt import device_label, fmt_ms, kernel_names
 from tools.sandbox import SandboxStatus, SandboxUnavailable, require as require_sandbox_here, status as sandbox_status
 
 
@@ -642,13 +642,21 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
         out.append((trailer_key("Kloop-Time", s["shape"]),
                     f"{fmt_ms(s['time_a'], sep='')} -> {fmt_ms(s['time_b'], sep='')} (x{s['speedup']:.4f}, {s['speedup_lo']:.4f}..{s['speedup_hi']:.4f}, {s['pairs']} pairs)"))
     before = {k.name: k for k in (best.kernels if best else [])}
-    for k in (figures.get("build") or {}).get("kernels", []):
+    kernels = (figures.get("build") or {}).get("kernels", [])
+    used: set[str] = set()
+    for k, short in zip(kernels, kernel_names([k["name"] for k in kernels])):
         b = before.get(k["name"])
         regs = f"{b.registers} -> {k['registers']}" if b and b.registers != k["registers"] else f"{k['registers']}"
         spills = f"spills {k['spill_store_bytes']}/{k['spill_load_bytes']} B"
         if b and (b.spill_store_bytes, b.spill_load_bytes) != (k["spill_store_bytes"], k["spill_load_bytes"]):
             spills = f"spills {b.spill_store_bytes}/{b.spill_load_bytes} -> {k['spill_store_bytes']}/{k['spill_load_bytes']} B"
-        out.append((trailer_key("Kloop-Regs", k["name"].split("(")[0][-40:]), f"{regs} regs, {spills}"))
+        key = base = trailer_key("Kloop-Regs", short)  # short names can still meet once sanitised
+        n = 1
+        while key in used:
+            n += 1
+            key = f"{base}-{n}"
+        used.add(key)
+        out.append((key, f"{regs} regs, {spills}"))
     build = figures.get("build") or {}
     if build.get("knobs"):
         out.append(("Kloop-Knobs", " ".join(f"{k}={v}" for k, v in build["knobs"].items())))
