@@ -385,6 +385,7 @@ class Session:
         self.baseline = figures
         info = self.record.info
         info.versions = _versions(verdict.build.compiler, verdict.device)
+        info.baseline_pending = None  # measured now (it may have waited for the device)
         if verdict.device:
             info.gpu = verdict.device.name if verdict.device.kind == "cuda" else None
             info.machine = verdict.device.model_dump(mode="json")
