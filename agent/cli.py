@@ -183,6 +183,8 @@ def eval_cmd(
         print_eval(console, t, report)
     if not report.build.ok:
         raise typer.Exit(1)
+    if report.audit is None or not report.audit.ok:  # the gate would refuse this build at submit
+        raise typer.Exit(1)
     if report.check is not None and not report.check.passed:
         raise typer.Exit(1)
     if report.check_error and report.check is None and "no CUDA GPU" not in report.check_error:

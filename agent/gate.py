@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from tools.scope import change_refusal, symlink_component
 from tools.task import KNOBS_FILE, TaskError, load_task
-from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_build
+from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_task_build
 from tools.build import BuildResult, build
 from tools.check import format_check
 from tools.fmt import fmt_ms, fmt_speedup
@@ -213,9 +213,7 @@ class Gate:
     def audit(self, built: BuildResult) -> AuditReport:
         """What was built: imported symbols, syscall instructions, load-time code, headers read, the
         source rules on preprocessed text (tools/audit.py)."""
-        m = self.task.manifest
-        return audit_build(Path(built.build_dir), m.target, sources=m.sources, allowed_symbols=m.allowed_symbols,
-                           extra_rules=[(f.pattern, f.reason) for f in m.forbidden])
+        return audit_task_build(self.task, Path(built.build_dir))
 
     # -- the whole evaluation --------------------------------------------------------------------
     def evaluate(self, cand: Candidate, best: BuildResult | None) -> Verdict:

@@ -33,6 +33,14 @@ def print_eval(console: Console, task: Task, report: EvalReport) -> None:
         console.print(t)
     for w in b.warnings:
         console.print(f"[yellow]ptxas:[/] {w}", highlight=False)
+    if report.audit is not None or report.audit_error:
+        from tools.audit import audit_line
+
+        from rich.markup import escape
+
+        line = audit_line(report.audit, report.audit_error)
+        ok = report.audit is not None and report.audit.ok
+        console.print(escape(line) if ok else f"[red]{escape(line)}[/]", highlight=False)
     if report.sass:
         print_sass(console, report.sass)
     elif report.sass_error:

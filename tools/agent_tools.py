@@ -30,8 +30,19 @@ class BuildInput(ToolInput):
 
 
 def build_tool(ctx: SessionPort, args: BuildInput) -> ToolResult:
+    """The build, then the gate's own audit of what was built (tools/audit.py): a build the gate
+    would refuse at submit says so here, and is not ok."""
+    from tools.audit import audit_line
+    from tools.evaluate import audit_of
+
     result = _build(ctx, args.knobs)
-    return ToolResult(ok=result.ok, text=format_build(result), data=result.model_dump(mode="json", exclude={"log_tail"}))
+    data = result.model_dump(mode="json", exclude={"log_tail"})
+    if not result.ok:
+        return ToolResult(ok=False, text=format_build(result), data=data)
+    audit, error = audit_of(ctx.task, result)
+    data["audit"] = audit.model_dump(mode="json") if audit else {"ok": False, "error": error}
+    ok = audit is not None and audit.ok
+    return ToolResult(ok=ok, text=format_build(result) + "\n" + audit_line(audit, error), data=data)
 
 
 # ---- sass ---------------------------------------------------------------------------------------
@@ -234,7 +245,7 @@ def revert_tool(ctx: SessionPort, args: RevertInput) -> ToolResult:
 
 
 ENGINEERING_TOOLS = [
-    Tool("build", "Compile the current sources (optionally with knob overrides): errors with file:line, and per kernel the registers, spills, shared memory and ptxas warnings.", BuildInput, build_tool),
+    Tool("build", "Compile the current sources (optionally with knob overrides): errors with file:line; per kernel the registers (and setmaxnreg values), spills, shared memory and ptxas advisories; then the gate's audit of what was built (symbols, syscalls, load-time code, includes): not ok when the gate would refuse it at submit.", BuildInput, build_tool),
     Tool("sass", "The SASS instruction mix per kernel (tensor-core, FP32, loads/stores with widths, local memory, barriers, shuffles, MUFU), or an excerpt around a regex.", SassInput, sass_tool),
     Tool("check", "Run the correctness check (fresh random inputs, every check shape, poisoned outputs, inputs verified unchanged) and show the error table.", CheckInput, check_tool),
     Tool("bench", "Quick non-gating timing per bench shape: median and spread, TFLOP/s and GB/s, % of the roofline; optionally the comparators.", BenchInput, bench_tool),

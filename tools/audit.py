@@ -156,6 +156,25 @@ def audit_build(build_dir: Path, target: str, *, sources: list[str], allowed_sym
     return AuditReport(ok=not findings, findings=_dedup(findings), objects=objects, headers=deps[1])
 
 
+def audit_task_build(task, build_dir: Path) -> AuditReport:
+    """The gate's audit of one build of `task` (a tools.task.Task): the target's allow-list plus the
+    manifest's `allowed_symbols`, the source rules plus the manifest's `forbidden`. The one function
+    the gate, `kloop eval` and the agent's build tool share. AuditError when it cannot be done."""
+    m = task.manifest
+    return audit_build(Path(build_dir), m.target, sources=m.sources, allowed_symbols=m.allowed_symbols,
+                       extra_rules=[(f.pattern, f.reason) for f in m.forbidden])
+
+
+def audit_line(report: AuditReport | None, error: str | None = None) -> str:
+    """One line for people and agents: what the gate's audit of this build would say at submit."""
+    if report is None:
+        return f"audit: could not run ({error}); the gate would reject this build"
+    if report.ok:
+        return (f"audit: ok ({report.objects} object{'s' * (report.objects != 1)}, {report.headers} headers read; "
+                "symbols, syscalls, load-time code and includes as the gate checks them at submit)")
+    return f"audit: REJECTED (the gate refuses this build at submit): {report.reason()}"
+
+
 def _dedup(findings: list[Finding]) -> list[Finding]:
     seen, out = set(), []
     for f in findings:
