@@ -2,7 +2,7 @@
 
     kloop session start TASK        -> run id and worktree (baseline built, checked and timed)
     kloop build|check|bench|sass|profile|status|revert   (in the worktree, or --run RUN)
-    kloop submit -m TITLE [--rationale R] [--knob N=V]   exit 0 accepted, 1 rejected
+    kloop submit -m TITLE [--rationale R] [--knob N=V] [--gate-seconds N]   exit 0 accepted, 1 rejected
     kloop session resume RUN [--repo PATH]               reopen (here, or on another machine)
     kloop session end
 
@@ -241,10 +241,16 @@ def profile_cmd(shape: Optional[str] = typer.Option(None, help="Bench shape to p
 
 def submit_cmd(title: str = typer.Option(..., "--message", "-m", help="One line: what changed (the commit title)."),
                rationale: str = typer.Option("", help="Why it should be faster, what you measured (the commit body)."),
-               knob: Optional[List[str]] = KNOB_OPT, run: Optional[str] = RUN_OPT,
+               knob: Optional[List[str]] = KNOB_OPT,
+               gate_seconds: Optional[float] = typer.Option(
+                   None, "--gate-seconds", min=1, max=30,
+                   help="Timing seconds for this decision, 1 to 30 (default: the session's); an 'undecided' verdict says how many would decide."),
+               run: Optional[str] = RUN_OPT,
                runs_dir: Optional[Path] = RUNS_DIR_OPT, as_json: bool = JSON_OPT) -> None:
-    """Submit the worktree to the gate: exit 0 accepted (committed), 1 rejected (tree back at best)."""
-    run_tool("submit", {"title": title, "rationale": rationale, "knobs": _knobs(knob)}, run, runs_dir, as_json)
+    """Submit the worktree to the gate: exit 0 accepted (committed), 1 rejected (tree back at best), 3 not run
+    (busy, budget spent, no device here, or the identical change already judged not faster against this best)."""
+    run_tool("submit", {"title": title, "rationale": rationale, "knobs": _knobs(knob), "gate_seconds": gate_seconds},
+             run, runs_dir, as_json)
 
 
 def revert_cmd(run: Optional[str] = RUN_OPT, runs_dir: Optional[Path] = RUNS_DIR_OPT, as_json: bool = JSON_OPT) -> None:

@@ -223,10 +223,18 @@ class SubmitInput(ToolInput):
     title: str = Field(min_length=3, max_length=200, description="One line: what changed (becomes the commit title).")
     rationale: str = Field(default="", max_length=4000, description="Why it should be faster, what you measured (becomes the commit body).")
     knobs: KnobMap | None = Field(default=None, description="Knob settings to land with this change (saved in knobs.toml).")
+    gate_seconds: float | None = Field(default=None, ge=1, le=30, description=(
+        "Timing seconds for this decision (1 to 30; default: the session's). Use it when a verdict was "
+        "'undecided (noisy machine)': its reason says how many seconds would decide."))
 
 
 def submit_tool(ctx: SessionPort, args: SubmitInput) -> ToolResult:
-    verdict = ctx.submit(args.title, args.rationale, args.knobs)
+    from tools.port import SubmitRefused
+
+    try:
+        verdict = ctx.submit(args.title, args.rationale, args.knobs, gate_seconds=args.gate_seconds)
+    except SubmitRefused as exc:
+        return ToolResult(ok=False, text=f"not run: {exc}", event="refused")
     text = verdict.summary()
     text += ("\nThe change is committed; it is the new best." if verdict.accepted
              else "\nThe worktree is back at the best version; your edits were reverted (the attempt is recorded).")
