@@ -504,7 +504,7 @@ def sass_figures(task, lib: str) -> tuple[dict[str, dict], str | None]:
     from tools.evaluate import sass_summary
 
     mix, error = sass_summary(task, lib)
-    keep = ("kernel", "total", "families", "memory", "mufu")
+    keep = ("kernel", "total", "families", "memory", "mufu", "setmaxnreg")
     return {name: {k: v for k, v in summary.items() if k in keep} for name, summary in mix.items()}, error
 
 

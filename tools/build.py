@@ -316,6 +316,8 @@ def build(
         kernels=kernel_advisories(warnings, parse_ptxas(logs)) if task.target == "cuda" else [],
         log_tail=tail(logs or ninja_out, 3000),
     )
+    if ok and task.target == "cuda" and _mentions_setmaxnreg(work):
+        result.kernels = with_setmaxnreg(result.kernels, work / lib_name)
     (work / "build.json").write_text(result.model_dump_json(indent=1))
     try:
         work.rename(final)
@@ -488,6 +490,24 @@ def format_build(result: BuildResult) -> str:
     for w in general_warnings(result):
         lines.append(f"  warning: {w}")
     return "\n".join(lines)
+
+
+def _mentions_setmaxnreg(work: Path) -> bool:
+    """Whether any preprocessed source asks for `setmaxnreg` (only then is the SASS read at build time)."""
+    return any(b"setmaxnreg" in p.read_bytes() for p in (work / "obj").rglob("*.i"))
+
+
+def with_setmaxnreg(kernels: list[KernelResources], lib: Path) -> list[KernelResources]:
+    """The kernels with the register counts their `setmaxnreg` instructions set (from the SASS of the
+    library: reading the binary, never running it); unchanged when the SASS cannot be read here."""
+    from tools.sass import SassError, parse_sass, dump_sass
+
+    try:
+        sass = parse_sass(dump_sass(lib))
+    except SassError:
+        return kernels
+    values = {k.mangled: k.summary.setmaxnreg for k in sass.values() if k.summary.setmaxnreg}
+    return [k.model_copy(update={"setmaxnreg": values[k.mangled]}) if k.mangled in values else k for k in kernels]
 
 
 def registers_text(k: KernelResources) -> str:
