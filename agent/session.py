@@ -695,11 +695,11 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
     for k, short in zip(kernels, kernel_names([k["name"] for k in kernels])):
         b = before.get(k["name"])
         regs = f"{b.registers} -> {k['registers']}" if b and b.registers != k["registers"] else f"{k['registers']}"
-        if k.get("setmaxnreg"):  # warp-specialised: the entry count, then what setmaxnreg sets
-            spills = f"setmaxnreg {' / '.join(map(str, k['setmaxnreg']))}, {spills}"
         spills = f"spills {k['spill_store_bytes']}/{k['spill_load_bytes']} B"
         if b and (b.spill_store_bytes, b.spill_load_bytes) != (k["spill_store_bytes"], k["spill_load_bytes"]):
             spills = f"spills {b.spill_store_bytes}/{b.spill_load_bytes} -> {k['spill_store_bytes']}/{k['spill_load_bytes']} B"
+        if k.get("setmaxnreg"):  # warp-specialised: ptxas's count is the entry count; then what setmaxnreg sets
+            spills += f", setmaxnreg {' / '.join(map(str, k['setmaxnreg']))}"
         key = base = trailer_key("Kloop-Regs", short)  # short names can still meet once sanitised
         n = 1
         while key in used:

@@ -73,3 +73,14 @@ def test_setmaxnreg_in_the_sass_and_the_build(tmp_path):
     mix = sass_mix(r.lib)
     assert mix["ws_kernel"].setmaxnreg == [40, 232]
     assert "registers: setmaxnreg 40 / 232" in format_mix(mix)
+
+
+def test_setmaxnreg_in_the_commit_trailer():
+    from agent.session import evidence_trailers
+
+    figures = {"build": {"kernels": [{"name": "void (anonymous namespace)::attn<128>(float*)", "registers": 168,
+                                      "spill_store_bytes": 0, "spill_load_bytes": 0, "setmaxnreg": [40, 232]},
+                                     {"name": "other(float*)", "registers": 32, "spill_store_bytes": 0,
+                                      "spill_load_bytes": 0}]}}
+    regs = {k: v for k, v in evidence_trailers(figures, None, "run", 1) if k.startswith("Kloop-Regs")}
+    assert sorted(regs.values()) == ["168 regs, spills 0/0 B, setmaxnreg 40 / 232", "32 regs, spills 0/0 B"]
