@@ -393,6 +393,14 @@ def optimize(
     from agent.workspace import WorkspaceError
 
     t = resolve_task(task)
+    from tools.device import missing_device
+
+    absent = missing_device(t.manifest.target)
+    if absent:  # before any worktree or record: nothing to clean up
+        fail(f"{t.name} is a {t.manifest.target.upper()} task and there is {absent}: a session's baseline needs it.\n"
+             f"Here, `kloop session start {task}` starts one with the baseline pending (build, sass and the audit "
+             f"work), and `kloop resume RUN` on a machine with the device continues it; `kloop eval {task} --no-bench` "
+             f"builds and audits.", EXIT_FAILURE)
     agent = agent or _default_agent()
     claude = {"max_tokens": max_tokens, "effort": effort, "thinking": _thinking_option(thinking, thinking_budget),
               "context_limit": context_limit, "retry_hours": retry_hours, "max_retry_wait_s": retry_max_wait}

@@ -194,3 +194,17 @@ def test_loading_a_spec_writes_nothing_in_the_task_folder(tmp_path):
     shutil.copytree(MATMUL, task, ignore=shutil.ignore_patterns("__pycache__"))
     load_spec(task / "spec.py")
     assert sorted(p.name for p in task.iterdir()) == ["matmul.cpp", "spec.py", "task.toml"]
+
+
+def test_optimize_cuda_task_without_gpu_says_where_to_go(tmp_path):
+    """No GPU: refused before any worktree or record, naming the GPU-free way in (session start)."""
+    from tools.device import missing_device
+
+    if missing_device("cuda") is None:
+        pytest.skip("a CUDA device is visible here")
+    runs = tmp_path / "runs"
+    res = invoke("optimize", "softmax", "--agent", "tuner", "--runs-dir", str(runs))
+    assert res.exit_code == 1, res.output
+    said = " ".join(res.stderr.split())  # rich wraps at 60 columns
+    assert "no CUDA device here" in said and "kloop session start softmax" in said
+    assert not runs.exists() or not any(runs.iterdir())
