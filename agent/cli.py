@@ -703,6 +703,65 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
         raise typer.Exit(EXIT_FAILURE)
 
 
+@app.command("audit")
+def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix), run folder, 'last', or a branch kloop/<run-id>."),
+              runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+              repo: Optional[Path] = typer.Option(None, help="Repository holding the branch (default: the current directory's; for a run: as recorded)."),
+              no_timing: bool = typer.Option(False, "--no-timing", help="Scope, static rules, build, audit and check only (no paired timing)."),
+              seconds: Optional[float] = typer.Option(None, help="Timing seconds per commit (default: the run's gate setting).", callback=_at_least(0, True)),
+              as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Today's gate over every accepted commit of a run: which would now be rejected, and why (exit 1 if any)."""
+    from rich.markup import escape
+
+    from agent.reaudit import LAYERS, AuditInputError, audit, target_from_branch, target_from_run
+    from agent.workspace import WorkspaceError, find_repo
+
+    try:
+        if run.startswith("kloop/"):
+            where = Path(repo or Path.cwd()).expanduser()
+            top = find_repo(where) if where.exists() else None
+            if top is None:
+                fail(f"{where} is not inside a git repository: pass --repo for branch {run}")
+            roots = [_runs_root(runs_dir, top) if runs_dir else _runs_root(None, top / ".")]
+            if top.parent.name == "_tasks":  # a shipped task's own repository: <runs>/_tasks/<name>
+                roots.append(top.parent.parent)
+            target = target_from_branch(top, run, roots)
+        else:
+            target = target_from_run(resolve_run(run, runs_dir), repo)
+        report = audit(target, no_timing=no_timing, seconds=seconds, on_row=None if as_json else (
+            lambda r: err_console.print(f"  audited {r.commit[:10]} {r.title[:50]}: "
+                                        + ("[red]would now be rejected[/]" if r.rejected else "[green]passes[/]"), highlight=False)))
+    except AuditInputError as exc:
+        fail(str(exc))
+    except WorkspaceError as exc:
+        fail(str(exc), code=EXIT_FAILURE)
+    if as_json:
+        emit_json(report.model_dump(mode="json") | {"rejected": len(report.rejected), "total": len(report.rows),
+                                                    "summary": report.summary()})
+    else:
+        table = Table(title=escape(f"audit of {report.branch} (base {report.base[:10]}, {report.task_rel}; from the {report.source})"),
+                      title_justify="left")
+        table.add_column("commit", no_wrap=True)
+        table.add_column("title", max_width=40)
+        for col in LAYERS:
+            table.add_column(col, no_wrap=True)
+        table.add_column("gain here")
+        table.add_column("reason", ratio=1, min_width=30)
+        for r in report.rows:
+            cells = [{"ok": "[green]ok[/]", "FAIL": "[bold red]FAIL[/]"}.get(r.stages.get(k, ""), "[dim]-[/]") for k in LAYERS]
+            why = escape(r.reason[:300]) if r.rejected else ""
+            if r.note:
+                why = (why + "\n" if why else "") + f"[dim]{escape(r.note)}[/]"
+            table.add_row(r.commit[:10], escape(r.title), *cells, escape(r.gain), why)
+        console.print(table)
+        if report.not_run:
+            console.print(f"[yellow]{report.not_run}[/]", highlight=False)
+        console.print(f"audited on: {report.machine or 'n/a'}", highlight=False)
+        console.print(("[red]" if report.rejected else "[green]") + report.summary() + "[/]", highlight=False)
+    if report.rejected:
+        raise typer.Exit(EXIT_FAILURE)
+
+
 def _error_exit(exc: BaseException) -> int:
     """One paragraph for an error that escaped a command (no internal traceback; KLOOP_DEBUG=1 shows it)."""
     import os

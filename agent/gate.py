@@ -34,7 +34,11 @@ from tools.fmt import fmt_ms, fmt_speedup
 from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest
 from tools.runner import StandbySlot, run_worker
 
-Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "accepted", "interrupted"]
+Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "accepted", "interrupted", "partial"]
+# how far `Gate.evaluate` goes: every layer ("timing"), or stop after the check or after the audit of
+# what was built (`kloop audit --no-timing`, or a CUDA task on a machine without a GPU). A candidate
+# that passes every layer run is never accepted by a partial evaluation: its stage is "partial".
+Upto = Literal["timing", "check", "audit"]
 UNDECIDED = "undecided (noisy machine)"
 
 # Built-in static rules: things no kernel needs and every cheat of a known kind does (applied to the
@@ -218,8 +222,11 @@ class Gate:
                            extra_rules=[(f.pattern, f.reason) for f in m.forbidden])
 
     # -- the whole evaluation --------------------------------------------------------------------
-    def evaluate(self, cand: Candidate, best: BuildResult | None) -> Verdict:
-        """Judge a candidate against the best build (None: a baseline evaluation, no timing)."""
+    def evaluate(self, cand: Candidate, best: BuildResult | None, upto: Upto = "timing") -> Verdict:
+        """Judge a candidate against the best build (None: a baseline evaluation, no timing).
+
+        `upto` "check" or "audit" stops after that layer (the best then only says whether anything
+        changed); what passes comes back rejected at stage "partial", never accepted."""
         started = time.monotonic()
         stages: dict[str, float] = {}
         clock = [started]
@@ -281,7 +288,13 @@ class Gate:
         if not audited.ok:
             return done(Verdict(accepted=False, stage="build", build=built, audit=audited,
                                 reason="audit of what was built: " + audited.reason()))
-        verdict = self.judge_built(built, best)
+        if upto == "audit":
+            return done(Verdict(accepted=False, stage="partial", build=built, audit=audited,
+                                reason="scope, static rules, build and audit pass; check and timing not run"))
+        verdict = self.judge_built(built, best if upto == "timing" else None)
+        if upto != "timing" and verdict.accepted:
+            verdict = verdict.model_copy(update=dict(accepted=False, stage="partial",
+                                                     reason="correct on fresh inputs; timing not run"))
         clock[0] = time.monotonic()
         return done(verdict)
 
@@ -371,37 +384,59 @@ class Gate:
         m = self.task.manifest
         common = dict(evidence, ab=ab, speedup=ab.speedup, speedup_lo=ab.speedup_lo, speedup_hi=ab.speedup_hi,
                       min_gain=m.min_gain)
+        problem = self.integrity_problem(ab)
+        if problem is not None:
+            stage, reason = problem
+            return Verdict(accepted=False, stage=stage, **common, reason=reason)
+        return self._speed_verdict(ab, common)
+
+    def integrity_problem(self, ab: ABReport) -> tuple[Stage, str] | None:
+        """What the timing integrity layers find in a paired-timing report, before any speed question
+        (None: nothing): wrong timed outputs, no shape measured, a time below the physics floor, probes
+        missing or not finite (fail closed), work escaping the timed region, a speedup that is not
+        finite, the best far slower than its recorded time. `kloop audit` asks this alone."""
         wrong = [s for s in ab.shapes if not s.timed_outputs_ok]
         if wrong:
-            return Verdict(accepted=False, stage="timing", **common,
-                           reason="outputs of timed calls are wrong: " + "; ".join(f"{s.shape}: {s.timed_outputs_problem}" for s in wrong))
+            return "timing", "outputs of timed calls are wrong: " + "; ".join(
+                f"{s.shape}: {s.timed_outputs_problem}" for s in wrong)
         if not ab.shapes:
-            return Verdict(accepted=False, stage="timing", **common, reason="timing measured no shape")
+            return "timing", "timing measured no shape"
+        known = {sh.name for sh in self.task.bench_shapes}
+        unknown = [s.shape for s in ab.shapes if s.shape not in known]
+        if unknown:  # fail closed: no allowance or weight of the task's applies to them
+            return "timing", ("timing reported shapes the task does not time: " + ", ".join(repr(u) for u in unknown[:5])
+                              + f" (its bench shapes: {', '.join(sorted(known))})")
         impossible = [s for s in ab.shapes if _finite(s.floor_s) and _finite(s.time_b) and s.time_b < s.floor_s]
         if impossible:
-            return Verdict(accepted=False, stage="timing", **common, reason="faster than physics allows (cached, skipped or mis-timed work): " + "; ".join(
-                f"{s.shape}: {_us(s.time_b)} per call, below the roofline floor of {_us(s.floor_s)}" for s in impossible))
+            return "timing", "faster than physics allows (cached, skipped or mis-timed work): " + "; ".join(
+                f"{s.shape}: {_us(s.time_b)} per call, below the roofline floor of {_us(s.floor_s)}" for s in impossible)
         unmeasured = [s for s in ab.shapes if not _integrity_measured(s)]
+        unmeasured += [s for s in ab.shapes if s not in unmeasured and not (s.time_a > 0 and s.time_b > 0)]
         if unmeasured:
-            return Verdict(accepted=False, stage="timing", **common, reason=(
-                "integrity probes missing or not finite (cannot rule out work outside the timed region) on "
-                + ", ".join(s.shape for s in unmeasured)))
+            return "timing", ("integrity probes missing or not finite (cannot rule out work outside the timed region) on "
+                              + ", ".join(s.shape for s in unmeasured))
         escaped = [s for s in ab.shapes if self._escaped(s)]
         if escaped:
-            return Verdict(accepted=False, stage="timing", **common, reason="work outside the timed region (other streams, host threads or work after return): " + "; ".join(
+            return "timing", "work outside the timed region (other streams, host threads or work after return): " + "; ".join(
                 f"{s.shape}: {_us(s.extra_b)} per call outside the timed region vs {_us(s.extra_a)} for the best, "
                 f"of which after return {_us(s.after_return_b)} vs {_us(s.after_return_a)} "
                 f"(timed {_us(s.time_b)} vs {_us(s.time_a)}; wall until idle {_us(s.wall_b)} vs {_us(s.wall_a)}; "
-                f"{s.probes} cold probes each)" for s in escaped))
-        if not all(_finite(x) for x in (ab.speedup, ab.speedup_lo, ab.speedup_hi,
-                                        *(v for s in ab.shapes for v in (s.speedup, s.speedup_lo, s.speedup_hi)))):
-            return Verdict(accepted=False, stage="undecided", **common, reason=f"{UNDECIDED}: the speedup is not finite")
+                f"{s.probes} cold probes each)" for s in escaped)
+        if not all(_finite(x) and x > 0 for x in (ab.speedup, ab.speedup_lo, ab.speedup_hi,
+                                                  *(v for s in ab.shapes for v in (s.speedup, s.speedup_lo, s.speedup_hi)))):
+            return "undecided", f"{UNDECIDED}: the speedup is not finite and positive"
         sabotaged = [s for s in ab.shapes if _finite(s.baseline_a) and s.baseline_a > 0
                      and s.time_a > self.config.best_slowdown_limit * s.baseline_a]
         if sabotaged:
-            return Verdict(accepted=False, stage="undecided", **common, reason="undecided: best slower than its baseline ("
-                           "the machine is far noisier than when the best was measured, or something slows the best): " + "; ".join(
-                f"{s.shape}: best {_us(s.time_a)} now vs {_us(s.baseline_a)} when accepted" for s in sabotaged))
+            return "undecided", ("undecided: best slower than its baseline ("
+                                 "the machine is far noisier than when the best was measured, or something slows the best): "
+                                 + "; ".join(f"{s.shape}: best {_us(s.time_a)} now vs {_us(s.baseline_a)} when accepted"
+                                             for s in sabotaged))
+        return None
+
+    def _speed_verdict(self, ab: ABReport, common: dict) -> Verdict:
+        """The speed question, once the integrity layers found nothing."""
+        m = self.task.manifest
         allowed = {s.shape: 1 - self.task.allowance(self.task.shape(s.shape)) for s in ab.shapes}
         regressed = [s for s in ab.shapes if s.speedup_hi < allowed[s.shape]]
         if regressed:
@@ -451,7 +486,7 @@ def _finite(x) -> bool:
 
 
 def _integrity_measured(s) -> bool:
-    return s.probes > 0 and all(_finite(x) for x in (s.extra_a, s.extra_b, s.wall_a, s.wall_b, s.time_a, s.time_b))
+    return isinstance(s.probes, int) and s.probes > 0 and all(_finite(x) for x in (s.extra_a, s.extra_b, s.wall_a, s.wall_b, s.time_a, s.time_b))
 
 
 def _us(x) -> str:
