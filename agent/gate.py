@@ -30,7 +30,7 @@ from tools.task import KNOBS_FILE, TaskError, load_task
 from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_build
 from tools.build import BuildResult, build
 from tools.check import format_check
-from tools.fmt import fmt_ms, fmt_speedup
+from tools.fmt import fmt_ms, fmt_num, fmt_speedup
 from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest
 from tools.runner import StandbySlot, run_worker
 
@@ -106,7 +106,7 @@ class Verdict(BaseModel):
             for s in self.ab.shapes:
                 lines.append(f"  {s.shape}: {fmt_ms(s.time_a)} -> {fmt_ms(s.time_b)}, "
                              f"{fmt_speedup(s.speedup, s.speedup_lo, s.speedup_hi)} ({s.pairs} pairs)")
-            lines.append(f"  timing: {self.ab.pairs} pairs in {self.ab.timing_seconds:.1f} s ({self.ab.stopped_because})")
+            lines.append(f"  timing: {self.ab.pairs} pairs in {fmt_num(self.ab.timing_seconds, '.1f')} s ({self.ab.stopped_because})")
         if self.check and not self.check.passed:
             lines.append(format_check(self.check))
         if self.stage_seconds:
@@ -117,11 +117,12 @@ class Verdict(BaseModel):
 
     def stages_line(self) -> str:
         """One line: where this decision's seconds went."""
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in self.stage_seconds.items())
+        parts = ", ".join(f"{k} {fmt_num(v, '.2f')}" for k, v in self.stage_seconds.items())
         judge = {"cold": "judge started cold", "warming": "judge pre-started, still warming",
                  "ready": "judge pre-started and ready"}.get(self.judge or "", "")
-        total = self.seconds or sum(self.stage_seconds.values())  # judge_built alone sets no total
-        return f"seconds: {total:.2f} = {parts}" + (f" ({judge})" if judge else "")
+        # judge_built alone sets no total
+        total = self.seconds or sum(v for v in self.stage_seconds.values() if isinstance(v, (int, float)))
+        return f"seconds: {fmt_num(total, '.2f')} = {parts}" + (f" ({judge})" if judge else "")
 
 
 @dataclass

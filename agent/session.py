@@ -29,7 +29,7 @@ from agent.workspace import Workspace
 from tools.agent_tools import session_toolbox
 from tools.base import ToolBox
 from tools.build import BuildResult
-from tools.fmt import device_label, fmt_ms
+from tools.fmt import device_label, fmt_ms, fmt_num, real
 from tools.sandbox import SandboxStatus, SandboxUnavailable, require as require_sandbox_here, status as sandbox_status
 
 
@@ -632,31 +632,41 @@ class SessionTools:
 
 def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, number: int) -> list[tuple[str, str]]:
     """Speedup with its interval, time per bench shape, registers/spills per kernel (change from
-    best), where it was measured, run and attempt."""
+    best), where it was measured, run and attempt. Figures that are missing or not numbers are
+    written as '-' or 'nan' (never a crash: the commit of an accepted verdict must land)."""
     out: list[tuple[str, str]] = []
-    if figures.get("speedup") is not None:
+    if real(figures.get("speedup")) is not None:
         out.append(("Kloop-Speedup", f"{figures['speedup']:.4f}"))
-        out.append(("Kloop-Speedup-CI95", f"{figures['speedup_lo']:.4f}..{figures['speedup_hi']:.4f}"))
-    ab = figures.get("ab") or {}
-    for s in ab.get("shapes", []):
-        out.append((trailer_key("Kloop-Time", s["shape"]),
-                    f"{fmt_ms(s['time_a'], sep='')} -> {fmt_ms(s['time_b'], sep='')} (x{s['speedup']:.4f}, {s['speedup_lo']:.4f}..{s['speedup_hi']:.4f}, {s['pairs']} pairs)"))
+        out.append(("Kloop-Speedup-CI95", f"{fmt_num(figures.get('speedup_lo'))}..{fmt_num(figures.get('speedup_hi'))}"))
+    ab = figures.get("ab") if isinstance(figures.get("ab"), dict) else {}
+    shapes = ab.get("shapes") if isinstance(ab.get("shapes"), list) else []
+    for s in (s for s in shapes if isinstance(s, dict) and s.get("shape")):
+        try:
+            key = trailer_key("Kloop-Time", str(s["shape"]))
+        except ValueError:  # a shape name with nothing a trailer key can hold
+            continue
+        out.append((key, f"{fmt_ms(s.get('time_a'), sep='')} -> {fmt_ms(s.get('time_b'), sep='')} (x{fmt_num(s.get('speedup'))}, "
+                         f"{fmt_num(s.get('speedup_lo'))}..{fmt_num(s.get('speedup_hi'))}, {s.get('pairs')} pairs)"))
     before = {k.name: k for k in (best.kernels if best else [])}
-    for k in (figures.get("build") or {}).get("kernels", []):
+    build = figures.get("build") if isinstance(figures.get("build"), dict) else {}
+    kernels = build.get("kernels") if isinstance(build.get("kernels"), list) else []
+    for k in (k for k in kernels if isinstance(k, dict) and k.get("name")):
         b = before.get(k["name"])
-        regs = f"{b.registers} -> {k['registers']}" if b and b.registers != k["registers"] else f"{k['registers']}"
-        spills = f"spills {k['spill_store_bytes']}/{k['spill_load_bytes']} B"
-        if b and (b.spill_store_bytes, b.spill_load_bytes) != (k["spill_store_bytes"], k["spill_load_bytes"]):
-            spills = f"spills {b.spill_store_bytes}/{b.spill_load_bytes} -> {k['spill_store_bytes']}/{k['spill_load_bytes']} B"
-        out.append((trailer_key("Kloop-Regs", k["name"].split("(")[0][-40:]), f"{regs} regs, {spills}"))
-    build = figures.get("build") or {}
-    if build.get("knobs"):
+        regs = f"{b.registers} -> {k.get('registers')}" if b and b.registers != k.get("registers") else f"{k.get('registers')}"
+        spills = f"spills {k.get('spill_store_bytes')}/{k.get('spill_load_bytes')} B"
+        if b and (b.spill_store_bytes, b.spill_load_bytes) != (k.get("spill_store_bytes"), k.get("spill_load_bytes")):
+            spills = f"spills {b.spill_store_bytes}/{b.spill_load_bytes} -> {k.get('spill_store_bytes')}/{k.get('spill_load_bytes')} B"
+        try:
+            out.append((trailer_key("Kloop-Regs", str(k["name"]).split("(")[0][-40:]), f"{regs} regs, {spills}"))
+        except ValueError:
+            continue
+    if isinstance(build.get("knobs"), dict) and build["knobs"]:
         out.append(("Kloop-Knobs", " ".join(f"{k}={v}" for k, v in build["knobs"].items())))
-    dev = figures.get("device") or {}
+    dev = figures.get("device") if isinstance(figures.get("device"), dict) else {}
     if dev:
         out.append(("Kloop-Device", device_label(dev, clocks=False)))
     if build.get("compiler"):
-        out.append(("Kloop-Compiler", build["compiler"]))
+        out.append(("Kloop-Compiler", str(build["compiler"])))
     if ab:
         out.append(("Kloop-Timing", f"{ab.get('pairs')} pairs in {ab.get('timing_seconds')} s ({ab.get('stopped_because')})"))
     out.append(("Kloop-Run", run_id))
