@@ -602,7 +602,7 @@ def log(run: str = typer.Argument("last", help="Run id, run folder, 'last', or a
             emit_json([_numbers(r) for r in rows])
         else:
             for r in rows:
-                console.print(f"{r['commit'][:10]} x{r['speedup']} [{r['ci95']}] {r['title']}", highlight=False)
+                console.print(escape(f"{r['commit'][:10]} x{r['speedup']} [{r['ci95']}] {r['title']}"), highlight=False)
         return
     _print_log(resolve_run(run, runs_dir), as_json)
 

@@ -90,6 +90,7 @@ class AuditTarget:
     run_id: str
     gate_config: GateConfig
     source: str
+    recorded: set[str] | None = None  # commits the run record says its gate accepted (None: no record)
 
 
 # ---- what to audit -------------------------------------------------------------------------------
@@ -100,7 +101,9 @@ def target_from_run(run_dir: Path, repo: Path | None = None) -> AuditTarget:
     from agent.records import RecordError, RunRecord
 
     try:
-        info = RunRecord.open(run_dir).info
+        record = RunRecord.open(run_dir)
+        info = record.info
+        recorded = {e.commit for e in record.events() if e.kind == "committed"}
     except RecordError as exc:
         raise AuditInputError(str(exc)) from None
     try:
@@ -114,7 +117,7 @@ def target_from_run(run_dir: Path, repo: Path | None = None) -> AuditTarget:
     _need_commit(repo_root, info.branch, f"run {info.run_id}: its branch {info.branch!r} is not in {repo_root} (pass --repo)")
     _need_commit(repo_root, info.base_commit, f"run {info.run_id}: its base commit {info.base_commit[:12]} is not in {repo_root}")
     return AuditTarget(repo_root, info.branch, resolve_commit(repo_root, info.base_commit), info.task_rel,
-                       info.run_id, gate, "run record")
+                       info.run_id, gate, "run record", recorded)
 
 
 def target_from_branch(repo: Path, branch: str, runs_roots: list[Path]) -> AuditTarget:
@@ -226,6 +229,8 @@ def _audit_commit(bench, target: AuditTarget, c, upto: str, not_run: str) -> Aud
     row = AuditRow(commit=c.sha, title=c.summary, attempt=int(attempt) if attempt and attempt.isdigit() else None,
                    gate_commit="Kloop-Attempt" in trailers, recorded_speedup=_float(trailers.get("Kloop-Speedup")))
     notes = [] if row.gate_commit else ["no kloop trailers: this commit was not made by the gate"]
+    if target.recorded is not None and c.sha not in target.recorded:
+        notes.append("the run record has no accepted verdict committed as this commit")
     parent = commit_parent(target.repo, c.sha) or target.base
     changed = commit_changes(target.repo, parent, c.sha)
     # the task folder's part of the commit is applied; the scope rule sees every path it changed

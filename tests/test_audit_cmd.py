@@ -168,6 +168,20 @@ def test_a_branch_without_its_record_is_read_from_its_trailers(tmp_path):
     assert snapshot(s["repo"]) == before
 
 
+def test_a_commit_made_by_hand_after_the_session_is_audited_and_noted(tmp_path):
+    s = session_repo(tmp_path)
+    r = git.Repo(s["repo"])
+    r.git.checkout(BRANCH)
+    (s["repo"] / TASK_REL / "matmul.cpp").write_text('#pragma GCC optimize("O3")\n' + (s["repo"] / TASK_REL / "matmul.cpp").read_text())
+    _commit(r, "Tweak by hand", None)
+    r.git.checkout("main")
+    res = invoke("audit", RUN_ID, "--runs-dir", str(s["runs"]), "--no-timing", "--json")
+    assert res.exit_code == 1, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert [r["rejected"] for r in rows] == [False, True] and not rows[1]["gate_commit"]
+    assert "not made by the gate" in rows[1]["note"] and "no accepted verdict" in rows[1]["note"]
+
+
 def test_a_branch_with_its_record_uses_the_record(tmp_path):
     s = session_repo(tmp_path)
     res = invoke("audit", BRANCH, "--repo", str(s["repo"]), "--runs-dir", str(s["runs"]), "--no-timing", "--json")
