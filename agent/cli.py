@@ -736,6 +736,9 @@ def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix
             target = target_from_branch(top, run, roots)
         else:
             target = target_from_run(resolve_run(run, runs_dir), repo)
+        from tools.sandbox import status as sandbox_status
+
+        _print_sandbox(sandbox_status().as_dict())  # the commits' kernels run here (check, timing)
         report = audit(target, no_timing=no_timing, seconds=seconds, on_row=None if as_json else (
             lambda r: err_console.print(f"  audited {r.commit[:10]} {r.title[:50]}: "
                                         + ("[red]would now be rejected[/]" if r.rejected else "[green]passes[/]"), highlight=False)))

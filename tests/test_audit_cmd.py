@@ -136,6 +136,7 @@ def test_an_honest_run_audits_clean(tmp_path):
 def test_cheats_on_the_branch_are_listed_with_their_reasons(tmp_path):
     s = session_repo(tmp_path, cheats=["pragma", "audit", "spec", "cache"])
     before = snapshot(s["repo"])
+    record_before = {p: p.read_bytes() for p in sorted(s["runs"].rglob("*")) if p.is_file()}
     res = invoke("audit", RUN_ID, "--runs-dir", str(s["runs"]), "--no-timing")
     assert res.exit_code == 1, res.output
     assert "4 of 5 accepted commits would now be rejected" in res.stdout
@@ -151,6 +152,7 @@ def test_cheats_on_the_branch_are_listed_with_their_reasons(tmp_path):
     assert spec["stages"]["scope"] == "FAIL" and f"{TASK_REL}/spec.py" in spec["reason"]
     assert cache["stages"]["audit"] == "ok" and cache["stages"]["check"] == "FAIL" and "wrong results" in cache["reason"]
     assert snapshot(s["repo"]) == before  # the checkout, its index, branches and files are untouched
+    assert {p: p.read_bytes() for p in sorted(s["runs"].rglob("*")) if p.is_file()} == record_before  # and the record
 
 
 def test_a_branch_without_its_record_is_read_from_its_trailers(tmp_path):

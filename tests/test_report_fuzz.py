@@ -289,3 +289,34 @@ def test_missing_or_impossible_figures_are_rejected_never_a_crash(shape, top, wo
     v = GATE.judge(ab)
     assert not v.accepted and words in v.reason, v.reason
     assert isinstance(v.summary(), str)
+
+
+def test_log_of_commits_with_garbage_trailers(tmp_path):
+    """`kloop log` reads trailers from commits anyone can write: any value is shown, --json stays strict."""
+    import git
+
+    from agent.records import RunRecord as _RR
+    from agent.run_view import run_rows
+    from agent.report_html import render_index
+    from tests.fakes import make_repo
+
+    repo = make_repo(tmp_path)
+    r = git.Repo(repo)
+    base = r.head.commit.hexsha
+    r.git.checkout("-b", "kloop/fuzz")
+    (repo / "kernels" / "matmul_cpu" / "knobs.toml").write_text("LOOP_ORDER = 1\n")
+    r.git.add(A=True)
+    r.index.commit(format_commit_message("[/] [bold]title", "", [
+        ("Kloop-Speedup", "1.2.3"), ("Kloop-Speedup-CI95", "nan..inf"), ("Kloop-Time-[/]", "...ms -> 1e999ms (x..., .....1, 3 pairs)"),
+        ("Kloop-Regs-k", "9 -> 8 regs, spills [/] B"), ("Kloop-Run", "fuzz"), ("Kloop-Attempt", "1")]))
+    runs = tmp_path / "runs"
+    info = RunInfo(run_id="fuzz", task="matmul_cpu", task_rel="kernels/matmul_cpu", task_path=repo, policy="tuner",
+                   base_commit=base, branch="kloop/fuzz", repo_root=repo, worktree=tmp_path / "w")
+    _RR.create(runs, info).log("session_started")
+    for args in (["log", "fuzz", "--runs-dir", str(runs)], ["log", "kloop/fuzz", "--repo", str(repo)]):
+        for extra in ([], ["--json"]):
+            res = CliRunner().invoke(app, args + extra, env={"COLUMNS": "100"})
+            assert res.exit_code == 0, (res.output, res.exception)
+            if extra:
+                strict_json(res.stdout)
+    assert "fuzz" in render_index(run_rows(runs))
