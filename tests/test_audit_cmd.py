@@ -249,3 +249,50 @@ def test_a_cuda_task_without_a_gpu_is_audited_as_far_as_it_can_run(tmp_path):
                                 "timing": "not run"} and not honest["rejected"]
     assert cheat["rejected"] and "FAIL" in (cheat["stages"]["static"], cheat["stages"]["audit"])
     assert res.exit_code == 1
+
+
+def _ab(speedup, lo, hi, **shape):
+    from tools.protocol import ABReport, ShapeAB
+
+    s = dict(shape="sq192", weight=1.0, pairs=100, log_ratio_mean=0.0, log_ratio_se=0.001, speedup=speedup, speedup_lo=lo,
+             speedup_hi=hi, time_a=1e-3, time_b=1e-3 / speedup, wall_a=1.02e-3, wall_b=1.02e-3 / speedup, extra_a=0.0,
+             extra_b=0.0, idle_cpu_a=0.0, idle_cpu_b=0.0, probes=10) | shape
+    return ABReport(shapes=[ShapeAB(**s)], speedup=speedup, speedup_lo=lo, speedup_hi=hi, pairs=100, timing_seconds=1.0)
+
+
+@pytest.mark.parametrize("ab, rejected, words", [
+    (_ab(1.5, 1.4, 1.6), False, "x1.500 [1.400, 1.600]"),  # reproduced
+    (_ab(1.0, 0.99, 1.01), False, "gain not reproduced (x1.000"),  # not faster here: shown, not counted
+    (_ab(1.2, 0.7, 2.0), False, "undecided"),  # noise decides nothing
+    (_ab(10.0, 9.5, 10.5, extra_b=0.9e-3), True, "outside the timed region"),  # escaped work: a cheat
+    (_ab(2.0, 1.9, 2.1, timed_outputs_ok=False, timed_outputs_problem="7 wrong"), True, "outputs of timed calls"),
+    (_ab(2.0, 1.9, 2.1, probes=0), True, "integrity probes missing"),
+])
+def test_the_gain_is_shown_and_only_the_integrity_layers_count(ab, rejected, words):
+    """Timing verdicts sorted the audit's way (deterministic: synthetic reports through today's Gate.judge)."""
+    from agent.gate import Gate
+    from agent.reaudit import AuditRow, _classify
+    from tests.fakes import CPU_TASK
+
+    gate = Gate(CPU_TASK, TASK_REL)
+    row = AuditRow(commit="0" * 40, title="t", recorded_speedup=1.5)
+    _classify(row, gate.judge(ab), gate, "timing")
+    assert row.rejected == rejected
+    assert words in (row.reason if rejected else row.gain), row
+    assert row.stages["check"] == "ok" and row.stages["timing"] == ("FAIL" if rejected else "ok")
+    if not rejected:
+        assert "recorded x1.500" in row.gain
+
+
+def test_a_timed_audit_shows_the_gain_measured_here(tmp_path):
+    """With timing (a short one): every layer runs; what the gain comes to on this machine is not asserted."""
+    s = session_repo(tmp_path)
+    res = invoke("audit", RUN_ID, "--runs-dir", str(s["runs"]), "--seconds", "0.5", "--json")
+    out = json.loads(res.stdout)
+    row = out["rows"][0]
+    assert out["upto"] == "timing" and out["not_run"] == "" and out["machine"]
+    assert all(row["stages"][k] == "ok" for k in ("scope", "static", "build", "audit", "check")), row
+    assert row["stages"]["timing"] in ("ok", "FAIL")
+    assert row["verdict_stage"] in ("accepted", "timing", "undecided")
+    if row["stages"]["timing"] == "ok":
+        assert row["gain"].startswith(("x", "gain not reproduced", "undecided")) and res.exit_code == 0
