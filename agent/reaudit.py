@@ -212,7 +212,7 @@ def audit(target: AuditTarget, no_timing: bool = False, seconds: float | None = 
         bench = ReplayBench(Path(tmp) / "bench", target.repo, None, config, base_commit=target.base, task_rel=target.task_rel)
         try:
             for c in commits:
-                row = _audit_commit(bench, target, c, upto, not_run)
+                row = _audit_commit(bench, target, c, upto)
                 if not report.machine and row.verdict_stage and bench.machine:
                     report.machine = bench.machine
                 report.rows.append(row)
@@ -223,7 +223,7 @@ def audit(target: AuditTarget, no_timing: bool = False, seconds: float | None = 
     return report
 
 
-def _audit_commit(bench, target: AuditTarget, c, upto: str, not_run: str) -> AuditRow:
+def _audit_commit(bench, target: AuditTarget, c, upto: str) -> AuditRow:
     trailers = _trailers(c.message)
     attempt = trailers.get("Kloop-Attempt")
     row = AuditRow(commit=c.sha, title=c.summary, attempt=int(attempt) if attempt and attempt.isdigit() else None,

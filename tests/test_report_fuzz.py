@@ -99,7 +99,6 @@ def test_compare_with_non_finite_output_gives_a_formattable_failure(bad):
 
 # ---- the whole report path: verdict -> record -> show/log/report/trailers -----------------------------
 
-import re
 from types import SimpleNamespace
 
 from typer.testing import CliRunner
@@ -125,7 +124,6 @@ ab_reports = st.builds(ABReport, shapes=st.lists(st.one_of(shape_abs, any_shapes
                        speedup_lo=nasty_req, speedup_hi=nasty_req, pairs=st.integers(-1, 10**6), timing_seconds=nasty_req,
                        stopped_because=text.map(lambda t: t or ""))
 stage_seconds = st.dictionaries(names, nasty_req, max_size=4)
-ANTHROPIC_KEYS = ("titles", "reasons")
 
 
 def strict_json(line: str):
