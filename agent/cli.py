@@ -187,6 +187,8 @@ def eval_cmd(
         print_eval(console, t, report)
     if not report.build.ok:
         raise typer.Exit(1)
+    if report.audit is None or not report.audit.ok:  # the gate would refuse this build at submit
+        raise typer.Exit(1)
     if report.check is not None and not report.check.passed:
         raise typer.Exit(1)
     if report.check_error and report.check is None and "no CUDA GPU" not in report.check_error:
@@ -561,6 +563,8 @@ def _numbers(row: dict) -> dict:
         m = re.match(r"(?:(\d+) -> )?(\d+) regs, spills (?:(\d+)/(\d+) -> )?(\d+)/(\d+) B", text)
         regs[kernel] = {"registers": int(m[2]), "registers_before": int(m[1] or m[2]),
                         "spill_store_bytes": int(m[5]), "spill_load_bytes": int(m[6])} if m else {"text": text}
+        if m and (ws := re.search(r"setmaxnreg (\d+(?: / \d+)*)", text)):
+            regs[kernel]["setmaxnreg"] = [int(v) for v in ws[1].split(" / ")]
     out["registers"] = regs
     return out
 

@@ -12,6 +12,7 @@ run's base commit), never from the candidate.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 import shutil
@@ -27,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from tools.scope import change_refusal, symlink_component
 from tools.task import KNOBS_FILE, TaskError, load_task
-from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_build
+from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_task_build
 from tools.build import BuildResult, build
 from tools.check import format_check
 from tools.fmt import fmt_ms, fmt_num, fmt_speedup
@@ -40,6 +41,7 @@ Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "acc
 # that passes every layer run is never accepted by a partial evaluation: its stage is "partial".
 Upto = Literal["timing", "check", "audit"]
 UNDECIDED = "undecided (noisy machine)"
+MIN_GATE_SECONDS, MAX_GATE_SECONDS = 1, 30  # the timing cap an agent may ask for one decision (submit --gate-seconds)
 
 # Built-in static rules: things no kernel needs and every cheat of a known kind does (applied to the
 # raw sources here, and by the audit to the preprocessed text of what was built)
@@ -218,16 +220,15 @@ class Gate:
     def audit(self, built: BuildResult) -> AuditReport:
         """What was built: imported symbols, syscall instructions, load-time code, headers read, the
         source rules on preprocessed text (tools/audit.py)."""
-        m = self.task.manifest
-        return audit_build(Path(built.build_dir), m.target, sources=m.sources, allowed_symbols=m.allowed_symbols,
-                           extra_rules=[(f.pattern, f.reason) for f in m.forbidden])
+        return audit_task_build(self.task, Path(built.build_dir))
 
     # -- the whole evaluation --------------------------------------------------------------------
-    def evaluate(self, cand: Candidate, best: BuildResult | None, upto: Upto = "timing") -> Verdict:
+    def evaluate(self, cand: Candidate, best: BuildResult | None, max_seconds: float | None = None,
+                 upto: Upto = "timing") -> Verdict:
         """Judge a candidate against the best build (None: a baseline evaluation, no timing).
-
-        `upto` "check" or "audit" stops after that layer (the best then only says whether anything
-        changed); what passes comes back rejected at stage "partial", never accepted."""
+        `max_seconds`: this decision's timing cap (default: the config's). `upto` "check" or "audit"
+        stops after that layer (the best then only says whether anything changed); what passes comes
+        back rejected at stage "partial", never accepted."""
         started = time.monotonic()
         stages: dict[str, float] = {}
         clock = [started]
@@ -292,7 +293,7 @@ class Gate:
         if upto == "audit":
             return done(Verdict(accepted=False, stage="partial", build=built, audit=audited,
                                 reason="scope, static rules, build and audit pass; check and timing not run"))
-        verdict = self.judge_built(built, best if upto == "timing" else None)
+        verdict = self.judge_built(built, best if upto == "timing" else None, max_seconds=max_seconds)
         if upto != "timing" and verdict.accepted:
             verdict = verdict.model_copy(update=dict(accepted=False, stage="partial",
                                                      reason="correct on fresh inputs; timing not run"))
@@ -310,7 +311,7 @@ class Gate:
         stages = {"processes": round(max(0.0, wall - sum(inner.values())), 3), **inner}
         return res, stages
 
-    def judge_built(self, built: BuildResult, best: BuildResult | None) -> Verdict:
+    def judge_built(self, built: BuildResult, best: BuildResult | None, max_seconds: float | None = None) -> Verdict:
         """The runtime layers on a built library, in ONE judge process: check in the candidate's runner,
         then (against `best`, whose runner starts meanwhile) paired timing."""
         check_seed = secrets.randbits(62)
@@ -322,10 +323,11 @@ class Gate:
             res, stages = self._run_judge(req, timeout=self.task.manifest.timeout_s)
         else:
             timing_seed = secrets.randbits(62)
-            req = self.ab_request(best.lib, built.lib, timing_seed).model_copy(update={
+            seconds = max_seconds or self.config.max_seconds
+            req = self.ab_request(best.lib, built.lib, timing_seed, max_seconds=seconds).model_copy(update={
                 "kind": "gate", "seed": check_seed, "timing_seed": timing_seed, "check_shapes": check_shapes,
                 "rounds": self.config.check_rounds})
-            res, stages = self._run_judge(req, timeout=2 * self.task.manifest.timeout_s + 4 * self.config.max_seconds + 60)
+            res, stages = self._run_judge(req, timeout=2 * self.task.manifest.timeout_s + 4 * seconds + 60)
         ran = dict(stage_seconds=stages, judge=res.standby)
         if res.check is None:
             return Verdict(accepted=False, stage="check", build=built, device=res.device, check_seed=check_seed,
@@ -365,11 +367,11 @@ class Gate:
             self._recorded_times[built.lib] = {s.shape: s.time_b for s in res.ab.shapes}
         return verdict
 
-    def ab_request(self, best_lib: str, cand_lib: str, seed: int) -> WorkerRequest:
+    def ab_request(self, best_lib: str, cand_lib: str, seed: int, max_seconds: float | None = None) -> WorkerRequest:
         shapes = self.task.bench_shapes
         return WorkerRequest(
             kind="ab", task_dir=str(self.trusted_dir), libs=[best_lib, cand_lib], shapes=[s.name for s in shapes],
-            seed=seed, max_seconds=self.config.max_seconds, min_pairs=self.config.min_pairs,
+            seed=seed, max_seconds=max_seconds or self.config.max_seconds, min_pairs=self.config.min_pairs,
             target_halfwidth=self.config.target_halfwidth, min_gain=self.task.manifest.min_gain,
             allowances={s.name: self.task.allowance(s) for s in shapes}, weights={s.name: s.weight for s in shapes},
         )
@@ -425,7 +427,10 @@ class Gate:
                 f"{s.probes} cold probes each)" for s in escaped)
         if not all(_finite(x) and x > 0 for x in (ab.speedup, ab.speedup_lo, ab.speedup_hi,
                                                   *(v for s in ab.shapes for v in (s.speedup, s.speedup_lo, s.speedup_hi)))):
-            return "undecided", f"{UNDECIDED}: the speedup is not finite and positive"
+            spent = ab.timing_seconds if _finite(ab.timing_seconds) and ab.timing_seconds > 0 else self.config.max_seconds
+            return "undecided", (
+                f"{UNDECIDED}: the speedup is not finite and positive. To decide: re-submit the same change with a longer "
+                f"gate (--gate-seconds {min(MAX_GATE_SECONDS, math.ceil(2 * spent))}; MCP: gate_seconds)")
         sabotaged = [s for s in ab.shapes if _finite(s.baseline_a) and s.baseline_a > 0
                      and s.time_a > self.config.best_slowdown_limit * s.baseline_a]
         if sabotaged:
@@ -458,9 +463,35 @@ class Gate:
                     if maybe_regressed else "")
             return Verdict(accepted=False, stage="undecided", **common, reason=(
                 f"{UNDECIDED}: speedup {interval} after {ab.pairs} pairs in {ab.timing_seconds:.1f} s "
-                f"({ab.stopped_because or 'stopped'}) is too wide to decide; the lower bound must exceed x{needed:.3f}{what}"))
+                f"({ab.stopped_because or 'stopped'}) is too wide to decide; the lower bound must exceed x{needed:.3f}{what}. "
+                + self.undecided_advice(ab, needed, maybe_regressed, allowed)))
         return Verdict(accepted=False, stage="timing", **common, reason=(
             f"not measurably faster: speedup {interval}; the lower bound must exceed x{needed:.3f}"))
+
+    def undecided_advice(self, ab: ABReport, needed: float, maybe_regressed: list, allowed: dict[str, float]) -> str:
+        """What would decide an undecided verdict: the interval narrows with the square root of the
+        pairs, so the pairs (and seconds) needed for its half-width to fall below the distance between
+        the estimate and the threshold it straddles (the overall gain, and each shape's allowance)."""
+        def factor(s: float, lo: float, hi: float, threshold: float) -> float:
+            if not all(_finite(x) and x > 0 for x in (s, lo, hi, threshold)):
+                return 4.0
+            half = (math.log(hi) - math.log(lo)) / 2
+            gap = abs(math.log(s) - math.log(threshold))
+            return math.inf if gap < 1e-9 else max(1.0, (half / gap) ** 2)
+
+        factors = [factor(ab.speedup, ab.speedup_lo, ab.speedup_hi, needed)]
+        factors += [factor(s.speedup, s.speedup_lo, s.speedup_hi, allowed[s.shape]) for s in maybe_regressed]
+        grow = max(factors) * 1.2  # a margin: the estimate moves too
+        spent = ab.timing_seconds if _finite(ab.timing_seconds) and ab.timing_seconds > 0 else self.config.max_seconds
+        want = spent * grow
+        if want > MAX_GATE_SECONDS:
+            return (f"To decide: even --gate-seconds {MAX_GATE_SECONDS} (the most) would likely not: the estimate "
+                    f"x{ab.speedup:.4f} sits too close to the threshold x{needed:.3f} for this machine's spread "
+                    f"(about {grow:.0f}x the {ab.pairs} pairs would be needed). Make the change larger, or move on")
+        seconds = min(MAX_GATE_SECONDS, max(math.ceil(want), math.floor(spent) + 1))
+        return (f"To decide: re-submit the same change with --gate-seconds {seconds} (MCP: gate_seconds={seconds}): "
+                f"about {math.ceil(ab.pairs * grow)} pairs instead of {ab.pairs} (the interval narrows with the square "
+                "root of the pairs)")
 
     def _noisy(self, ab: ABReport) -> bool:
         import math
@@ -509,7 +540,7 @@ def sass_figures(task, lib: str) -> tuple[dict[str, dict], str | None]:
     from tools.evaluate import sass_summary
 
     mix, error = sass_summary(task, lib)
-    keep = ("kernel", "total", "families", "memory", "mufu")
+    keep = ("kernel", "total", "families", "memory", "mufu", "setmaxnreg")
     return {name: {k: v for k, v in summary.items() if k in keep} for name, summary in mix.items()}, error
 
 

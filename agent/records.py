@@ -182,6 +182,9 @@ class RunInfo(BaseModel):
     machine: dict[str, Any] = Field(default_factory=dict)  # hostname, clocks, cores, ... as known
     # what isolates untrusted kernel code here (tools/sandbox.py SandboxStatus): mechanism, available, reason
     sandbox: dict[str, Any] = Field(default_factory=dict)
+    # why the baseline has not been measured yet (e.g. "no CUDA device here": a session started on a
+    # workstation without the GPU); None once it is measured. `kloop resume` on the device measures it.
+    baseline_pending: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,6 +219,8 @@ class AttemptStarted(_Event):
     rationale: str = ""
     patch: str | None = None  # path relative to the run folder, e.g. attempts/003.patch
     knobs: dict[str, Any] = Field(default_factory=dict)
+    gate_seconds: float | None = None  # this decision's timing cap, when the agent asked for one (submit --gate-seconds)
+    best_commit: str | None = None  # the best it was judged against
 
 
 class Verdict(_Event):

@@ -157,11 +157,13 @@ class ReplayBench:
         self._changed = list(changed) if changed is not None else changed_paths(patch)
         return _apply(self._cand, patch)
 
-    def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None) -> Verdict:
+    def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None,
+               gate_seconds: float | None = None) -> Verdict:
         if not self._best.ok and self.upto == "timing":
             self._last = Verdict(accepted=False, stage="build", reason="the best does not build here")
             return self._last
-        v = self._gate.evaluate(Candidate(self.files_root, self._changed), self._best, upto=self.upto)
+        v = self._gate.evaluate(Candidate(self.files_root, self._changed), self._best, max_seconds=gate_seconds,
+                                upto=self.upto)
         if v.device and not self.machine:
             self.machine = v.device.label() + (f"; {v.build.compiler}" if v.build else "")
         self._last = v

@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tools.task import Task
-from tools.fmt import fmt_num, fmt_rate, fmt_time, real
+from tools.fmt import fmt_num, fmt_rate, fmt_time, kernel_names, real
 from tools.build import format_build
 from tools.evaluate import EvalReport
 
@@ -27,13 +27,19 @@ def print_eval(console: Console, task: Task, report: EvalReport) -> None:
         t = Table(title="ptxas: resources per kernel", title_justify="left")
         for col in ("kernel", "regs", "spill st/ld B", "stack B", "smem B", "barriers"):
             t.add_column(col, justify="right" if col != "kernel" else "left")
-        for k in b.kernels:
+        for k, short in zip(b.kernels, kernel_names([k.name for k in b.kernels])):
             spills = f"{k.spill_store_bytes}/{k.spill_load_bytes}"
-            t.add_row(escape(_short(k.name)), str(k.registers), f"[red]{spills}[/]" if k.spill_store_bytes + k.spill_load_bytes else spills,
+            t.add_row(escape(short), str(k.registers), f"[red]{spills}[/]" if k.spill_store_bytes + k.spill_load_bytes else spills,
                       str(k.stack_bytes), str(k.smem_bytes), str(k.barriers))
         console.print(t)
     for w in b.warnings:
         console.print(f"[yellow]ptxas:[/] {escape(w)}", highlight=False)
+    if report.audit is not None or report.audit_error:
+        from tools.audit import audit_line
+
+        line = audit_line(report.audit, report.audit_error)
+        ok = report.audit is not None and report.audit.ok
+        console.print(escape(line) if ok else f"[red]{escape(line)}[/]", highlight=False)
     if report.sass:
         print_sass(console, report.sass)
     elif report.sass_error:
@@ -56,16 +62,17 @@ def print_sass(console: Console, sass: dict) -> None:
     t.add_column("instrs", justify="right")
     t.add_column("families")
     t.add_column("loads/stores by width")
-    for name, s in sass.items():
+    shorts = kernel_names([s.get("kernel") or name for name, s in sass.items()])
+    for (name, s), short in zip(sass.items(), shorts):
         fams = s.get("families", {})
         top = sorted(fams.items(), key=lambda kv: -kv[1])[:SASS_FAMILIES_SHOWN]
         memory = s.get("memory", {})
-        t.add_row(escape(_short(str(s.get("kernel") or name))), str(s.get("total", "")), escape(", ".join(f"{k} {v}" for k, v in top)),
+        t.add_row(escape(short), str(s.get("total", "")), escape(", ".join(f"{k} {v}" for k, v in top)),
                   escape(", ".join(f"{k} {v}" for k, v in memory.items())))
     console.print(t)
-    for name, s in sass.items():
+    for (name, s), short in zip(sass.items(), shorts):
         for w in s.get("warnings", []):
-            console.print(f"[yellow]SASS {escape(_short(str(s.get('kernel') or name), 40))}:[/] {escape(str(w))}", highlight=False)
+            console.print(f"[yellow]SASS {escape(short)}:[/] {escape(str(w))}", highlight=False)
 
 
 def print_check(console: Console, report: EvalReport) -> None:
@@ -114,10 +121,6 @@ def print_bench(console: Console, report: EvalReport) -> None:
 
 def _knobs(knobs: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in knobs.items())
-
-
-def _short(name: str, n: int = 60) -> str:
-    return name if len(name) <= n else name[: n - 3] + "..."
 
 
 def _g(x) -> str:

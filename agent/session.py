@@ -29,7 +29,8 @@ from agent.workspace import Workspace
 from tools.agent_tools import session_toolbox
 from tools.base import ToolBox
 from tools.build import BuildResult
-from tools.fmt import device_label, fmt_ms, fmt_num, real
+from tools.fmt import device_label, fmt_ms, fmt_num, kernel_names, real
+from tools.port import SubmitRefused
 from tools.sandbox import SandboxStatus, SandboxUnavailable, require as require_sandbox_here, status as sandbox_status
 
 
@@ -113,13 +114,16 @@ class Attempt:
     reason: str = ""
     figures: dict[str, Any] = field(default_factory=dict)
     commit: str | None = None
+    gate_seconds: float | None = None  # the timing cap asked for this decision (None: the session's)
+    best_commit: str | None = None  # the best it was judged against (None: not recorded, older runs)
 
 
 def attempts_from_events(events: list) -> list[Attempt]:
     by_no: dict[int, Attempt] = {}
     for ev in events:
         if isinstance(ev, rec.AttemptStarted):
-            by_no[ev.attempt] = Attempt(ev.attempt, ev.title, ev.rationale, dict(ev.knobs))
+            by_no[ev.attempt] = Attempt(ev.attempt, ev.title, ev.rationale, dict(ev.knobs),
+                                        gate_seconds=ev.gate_seconds, best_commit=ev.best_commit)
         elif isinstance(ev, rec.Verdict) and ev.attempt in by_no:
             a = by_no[ev.attempt]
             a.accepted, a.reason, a.figures = ev.accepted, ev.reason, dict(ev.figures)
@@ -385,6 +389,7 @@ class Session:
         self.baseline = figures
         info = self.record.info
         info.versions = _versions(verdict.build.compiler, verdict.device)
+        info.baseline_pending = None  # measured now (it may have waited for the device)
         if verdict.device:
             info.gpu = verdict.device.name if verdict.device.kind == "cuda" else None
             info.machine = verdict.device.model_dump(mode="json")
@@ -393,18 +398,30 @@ class Session:
         return verdict
 
     # ---- the two actions that change the branch --------------------------------------------------
-    def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None) -> Verdict:
+    def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None,
+               gate_seconds: float | None = None) -> Verdict:
+        """Judge the worktree against the best. `gate_seconds`: this decision's timing cap (recorded in
+        the attempt). SubmitRefused (nothing recorded, no attempt spent) for the identical change the
+        gate already found not faster, or slower, against this same best."""
         if self.best_build is None:
             self.establish_baseline()
         number = self.attempts_made() + 1
+        knobs_file = self.ws.task_path / KNOBS_FILE
+        knobs_before = knobs_file.read_bytes() if knobs_file.is_file() else None
         if knobs:  # validated by the gate against the trusted manifest (TaskError: nothing is recorded)
             self.gate.write_knobs(self.ws.task_path, knobs)
         patch = self.ws.diff(against=self.best_commit)
+        if why := self.already_judged(patch):
+            if knobs:  # the knob settings written above go back to what they were
+                knobs_file.unlink(missing_ok=True) if knobs_before is None else knobs_file.write_bytes(knobs_before)
+            self.log("note", text=f"submit refused without timing: {why}", data={"refused": title[:200]})
+            raise SubmitRefused(why)
         changed = self.ws.changed_paths(against=self.best_commit)
         patch_path = self.record.write_patch(number, patch)
         self.log("attempt_started", attempt=number, title=title, rationale=rationale,
-                 patch=str(patch_path.relative_to(self.record.dir)), knobs=knobs or {})
-        verdict = self._evaluate_or_record_interrupt(number, changed)
+                 patch=str(patch_path.relative_to(self.record.dir)), knobs=knobs or {},
+                 gate_seconds=gate_seconds, best_commit=self.best_commit)
+        verdict = self._evaluate_or_record_interrupt(number, changed, gate_seconds)
         self.log("verdict", attempt=number, accepted=verdict.accepted, reason=verdict.reason, figures=verdict.figures())
         if verdict.accepted:
             sha = self.ws.commit(self._message(title, rationale, verdict.figures(), number))
@@ -415,12 +432,42 @@ class Session:
             self.log("restored", to=self.best_commit, attempt=number)
         return verdict
 
-    def _evaluate_or_record_interrupt(self, number: int, changed: list[str]) -> Verdict:
+    def already_judged(self, patch: str) -> str | None:
+        """Why this exact patch must not be timed again (None: it may be judged): an earlier attempt
+        with the identical patch against the same best was rejected as not faster or as a regression.
+        Timing it again until one run passes is optional stopping: the gate's 95% bound would no
+        longer mean what it says. After 'undecided' a re-submit (with a longer gate) is allowed."""
+        if not patch.strip():
+            return None
+        best_at: dict[int, str] = {}
+        best = self.record.info.base_commit
+        for a in self.attempts():
+            best_at[a.number] = a.best_commit or best
+            if a.accepted and a.commit:
+                best = a.commit
+        for a in reversed(self.attempts()):
+            if a.accepted is not False or best_at[a.number] != self.best_commit:
+                continue
+            stage = a.figures.get("stage")
+            slower = a.reason.startswith("regression beyond")
+            if stage != "timing" or not (slower or a.reason.startswith("not measurably faster")):
+                continue
+            path = self.record.patch_path(a.number)
+            if path.is_file() and self.record.read_patch(a.number) == patch:
+                what = "a regression" if slower else "not measurably faster"
+                return (f"attempt {a.number} ({a.title!r}) already submitted this exact change against this same best "
+                        f"({self.best_commit[:10]}) and the gate found it {what}: {a.reason[:300]}. Timing the "
+                        "identical change again until one run passes would be optional stopping (the 95% bound "
+                        "would no longer hold), so it is refused without timing and costs no attempt. Change the "
+                        "code, or revert")
+        return None
+
+    def _evaluate_or_record_interrupt(self, number: int, changed: list[str], gate_seconds: float | None = None) -> Verdict:
         """The gate's verdict; a second Ctrl-C mid-gate (the worker already killed) records the
         attempt as interrupted and returns the tree to best before the stop goes on."""
         self.current_attempt = number
         try:
-            return self.gate.evaluate(Candidate(self.ws.task_path, changed), self.best_build)
+            return self.gate.evaluate(Candidate(self.ws.task_path, changed), self.best_build, max_seconds=gate_seconds)
         except KeyboardInterrupt:
             self.log("verdict", attempt=number, accepted=False, figures={"stage": INTERRUPTED},
                      reason="interrupted: stopped by the user during evaluation (Ctrl-C twice)")
@@ -620,8 +667,9 @@ class SessionTools:
     def device(self) -> dict | None:
         return self._session.baseline.get("device")
 
-    def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None) -> Verdict:
-        return self._session.submit(title, rationale, knobs)
+    def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None,
+               gate_seconds: float | None = None) -> Verdict:
+        return self._session.submit(title, rationale, knobs, gate_seconds=gate_seconds)
 
     def revert(self) -> str:
         return self._session.revert()
@@ -649,17 +697,27 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
                          f"{fmt_num(s.get('speedup_lo'))}..{fmt_num(s.get('speedup_hi'))}, {s.get('pairs')} pairs)"))
     before = {k.name: k for k in (best.kernels if best else [])}
     build = figures.get("build") if isinstance(figures.get("build"), dict) else {}
-    kernels = build.get("kernels") if isinstance(build.get("kernels"), list) else []
-    for k in (k for k in kernels if isinstance(k, dict) and k.get("name")):
-        b = before.get(k["name"])
+    kernels = [k for k in (build.get("kernels") if isinstance(build.get("kernels"), list) else [])
+               if isinstance(k, dict) and k.get("name")]
+    used: set[str] = set()
+    for k, short in zip(kernels, kernel_names([str(k["name"]) for k in kernels])):
+        b = before.get(str(k["name"]))
         regs = f"{b.registers} -> {k.get('registers')}" if b and b.registers != k.get("registers") else f"{k.get('registers')}"
         spills = f"spills {k.get('spill_store_bytes')}/{k.get('spill_load_bytes')} B"
         if b and (b.spill_store_bytes, b.spill_load_bytes) != (k.get("spill_store_bytes"), k.get("spill_load_bytes")):
             spills = f"spills {b.spill_store_bytes}/{b.spill_load_bytes} -> {k.get('spill_store_bytes')}/{k.get('spill_load_bytes')} B"
+        if isinstance(k.get("setmaxnreg"), list) and k["setmaxnreg"]:  # warp-specialised: ptxas's count is the entry count; then what setmaxnreg sets
+            spills += f", setmaxnreg {' / '.join(map(str, k['setmaxnreg']))}"
         try:
-            out.append((trailer_key("Kloop-Regs", str(k["name"]).split("(")[0][-40:]), f"{regs} regs, {spills}"))
-        except ValueError:
+            key = base = trailer_key("Kloop-Regs", short)  # short names can still meet once sanitised
+        except ValueError:  # a name with nothing a trailer key can hold
             continue
+        n = 1
+        while key in used:
+            n += 1
+            key = f"{base}-{n}"
+        used.add(key)
+        out.append((key, f"{regs} regs, {spills}"))
     if isinstance(build.get("knobs"), dict) and build["knobs"]:
         out.append(("Kloop-Knobs", " ".join(f"{k}={v}" for k, v in build["knobs"].items())))
     dev = figures.get("device") if isinstance(figures.get("device"), dict) else {}

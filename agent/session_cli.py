@@ -2,7 +2,7 @@
 
     kloop session start TASK        -> run id and worktree (baseline built, checked and timed)
     kloop build|check|bench|sass|profile|status|revert   (in the worktree, or --run RUN)
-    kloop submit -m TITLE [--rationale R] [--knob N=V]   exit 0 accepted, 1 rejected
+    kloop submit -m TITLE [--rationale R] [--knob N=V] [--gate-seconds N]   exit 0 accepted, 1 rejected
     kloop session resume RUN [--repo PATH]               reopen (here, or on another machine)
     kloop session end
 
@@ -116,7 +116,7 @@ def session_start(
     service = start_service(task, "cli", _budget(max_attempts, max_hours, max_gpu_seconds), gate_seconds, allow_dirty, runs_dir)
     cli = _cli()
     try:
-        service.ensure_best()
+        pending = service.ensure_best()  # a reason when the task's device is not here: the baseline waits
     except Exception as exc:
         service.close()
         cli.fail(f"baseline: {exc}", code=1)
@@ -125,11 +125,23 @@ def session_start(
     info = service.session.record.info
     if as_json:
         cli.emit_json({"run": info.run_id, "worktree": str(info.worktree), "run_dir": str(service.run_dir),
-                       "branch": info.branch, "task_folder": str(service.session.ws.task_path)})
+                       "branch": info.branch, "task_folder": str(service.session.ws.task_path),
+                       "baseline_pending": pending})
         return
     sys.stdout.write(f"run {info.run_id}\nworktree {info.worktree}\n")
+    if pending:
+        _say_pending(pending, info.run_id)
+        cli.err_console.print(f"cd {info.worktree}; read AGENTS.md; then kloop build / sass. Record: {service.run_dir}",
+                              highlight=False)
+        return
     cli.err_console.print(f"cd {info.worktree}; read AGENTS.md; then kloop check / bench / submit -m TITLE. "
                           f"Record: {service.run_dir}", highlight=False)
+
+
+def _say_pending(reason: str, run_id: str) -> None:
+    from agent.session_service import pending_text
+
+    _cli().err_console.print(pending_text(reason, run_id), highlight=False, markup=False)
 
 
 def start_service(task: str, policy: str, budget, gate_seconds: float, allow_dirty: bool, runs_dir: Optional[Path]):
@@ -154,13 +166,23 @@ def session_resume(run: str = typer.Argument(..., help="Run id, run folder, or '
     """Reopen a session (after `session end`, or on another machine: copy the run folder, fetch the
     branch into a clone, pass --repo)."""
     service = attach(run, runs_dir, repo=repo, announce=True)
+    pending = None
+    if service.session.record.info.baseline_pending:  # started without the device: measure the baseline now
+        try:
+            pending = service.ensure_best()
+        except Exception as exc:
+            service.close()
+            _cli().fail(f"baseline: {exc}", code=1)
     service.write_agent_files()
     service.close()
     info = service.session.record.info
     if as_json:
-        _cli().emit_json({"run": info.run_id, "worktree": str(service.session.ws.path), "run_dir": str(service.run_dir)})
+        _cli().emit_json({"run": info.run_id, "worktree": str(service.session.ws.path), "run_dir": str(service.run_dir),
+                          "baseline_pending": pending})
         return
     sys.stdout.write(f"run {info.run_id}\nworktree {service.session.ws.path}\n")
+    if pending:
+        _say_pending(pending, info.run_id)
 
 
 @session_app.command("end")
@@ -219,10 +241,16 @@ def profile_cmd(shape: Optional[str] = typer.Option(None, help="Bench shape to p
 
 def submit_cmd(title: str = typer.Option(..., "--message", "-m", help="One line: what changed (the commit title)."),
                rationale: str = typer.Option("", help="Why it should be faster, what you measured (the commit body)."),
-               knob: Optional[List[str]] = KNOB_OPT, run: Optional[str] = RUN_OPT,
+               knob: Optional[List[str]] = KNOB_OPT,
+               gate_seconds: Optional[float] = typer.Option(
+                   None, "--gate-seconds", min=1, max=30,
+                   help="Timing seconds for this decision, 1 to 30 (default: the session's); an 'undecided' verdict says how many would decide."),
+               run: Optional[str] = RUN_OPT,
                runs_dir: Optional[Path] = RUNS_DIR_OPT, as_json: bool = JSON_OPT) -> None:
-    """Submit the worktree to the gate: exit 0 accepted (committed), 1 rejected (tree back at best)."""
-    run_tool("submit", {"title": title, "rationale": rationale, "knobs": _knobs(knob)}, run, runs_dir, as_json)
+    """Submit the worktree to the gate: exit 0 accepted (committed), 1 rejected (tree back at best), 3 not run
+    (busy, budget spent, no device here, or the identical change already judged not faster against this best)."""
+    run_tool("submit", {"title": title, "rationale": rationale, "knobs": _knobs(knob), "gate_seconds": gate_seconds},
+             run, runs_dir, as_json)
 
 
 def revert_cmd(run: Optional[str] = RUN_OPT, runs_dir: Optional[Path] = RUNS_DIR_OPT, as_json: bool = JSON_OPT) -> None:
@@ -262,6 +290,7 @@ def mcp_cmd(
 ) -> None:
     """Serve one session's tools over the Model Context Protocol (stdio, or --http HOST:PORT)."""
     from agent import mcp_server
+    from agent.session_service import pending_text
 
     cli = _cli()
     host, port = "127.0.0.1", 8766  # (kloop serve's default is 8765)
@@ -286,7 +315,9 @@ def mcp_cmd(
 
     def baseline() -> None:  # in the background: a client must not wait for it to connect
         try:
-            service.ensure_best()
+            if pending := service.ensure_best():
+                cli.err_console.print(f"kloop mcp: {pending_text(pending, service.session.record.info.run_id)}",
+                                      highlight=False, markup=False)
             service.write_agent_files()
         except Exception as exc:
             service.session.log("note", text=f"mcp: the best version could not be built: {exc}", data={"source": "mcp"})

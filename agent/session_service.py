@@ -54,6 +54,22 @@ class Busy(Exception):
     """Another submit is being judged; the caller should try again later."""
 
 
+DEVICE_WORK = "check/bench/sweep/profile/submit"
+
+
+def pending_text(reason: str, run_id: str) -> str:
+    """What an agent is told when the baseline waits for the task's device."""
+    return (f"baseline pending: {reason}; build, sass and the audit work; {DEVICE_WORK} need the device "
+            f"— `kloop resume {run_id}` on a GPU machine (copy the run folder and the branch there) measures the baseline")
+
+
+def no_device_text(tool: str, reason: str, run_id: str) -> str:
+    """The answer of a device tool on a machine without the task's device (exit 3 in the shell)."""
+    return (f"not run: {tool} needs the task's device and there is {reason}. Here: build (with the audit), sass "
+            f"and the file tools. The way on: on a machine with the GPU, `kloop resume {run_id}` (copy the run "
+            f"folder and `git bundle` the branch kloop/{run_id} there first), then {tool} again")
+
+
 # ---- figures from the record (they survive processes and machines) ------------------------------
 
 def _last_start_and_end(events: list) -> tuple[Any, Any]:
@@ -129,6 +145,7 @@ def status_data(session: Session) -> dict[str, Any]:
             "gpu_seconds": None if b.max_gpu_seconds is None else round(max(0.0, b.max_gpu_seconds - used_gpu), 1),
         },
         "ended": ended.reason if ended else None,
+        "baseline_pending": info.baseline_pending,
     }
 
 
@@ -143,6 +160,7 @@ def format_status(d: dict[str, Any]) -> str:
         f"attempts: {left('attempts', '')}",
         f"hours: {left('hours', ' h')}",
         f"device seconds: {left('gpu_seconds', ' s')}",
+        *([pending_text(d["baseline_pending"], d["run"])] if d.get("baseline_pending") else []),
         "uncommitted changes: " + (", ".join(d["uncommitted_changes"]) if d["uncommitted_changes"] else "none"),
         f"worktree: {d['worktree']}",
     ]
@@ -362,23 +380,44 @@ class SessionService:
         return ended.reason if ended else None
 
     # -- the best build (what a submit is timed against) -------------------------------------------
-    def ensure_best(self) -> None:
+    def device_missing(self) -> str | None:
+        """Why the task's device is not here (None: it is): a CUDA task on a machine without a GPU."""
+        from tools.device import missing_device
+
+        return missing_device(self.session.trusted_task.target)
+
+    def ensure_best(self) -> str | None:
         """Build the best version from its commit (never from the worktree, which may hold edits).
-        The first time in a run this is the baseline evaluation (built, checked, timed, recorded)."""
+        The first time in a run this is the baseline evaluation (built, checked, timed, recorded).
+        Where the task's device is absent, the baseline waits: it is marked pending in run.json and
+        the reason is returned (None: the best is built and the baseline measured)."""
         with self._best_lock:
             s = self.session
             if s.best_build is not None:
-                return
+                return None
+            measured = any(ev.kind == "baseline" for ev in s.events())
+            if not measured and (why := self.device_missing()):
+                self._mark_pending(why)
+                return why
             with tempfile.TemporaryDirectory(prefix="kloop-best-") as tmp:
                 best = s.ws.export_tree(s.best_commit, Path(tmp) / "task",
                                         subdir=None if s.ws.task_rel in ("", ".") else s.ws.task_rel)
-                if not any(ev.kind == "baseline" for ev in s.events()):
-                    s.establish_baseline(best)
-                    return
+                if not measured:
+                    s.establish_baseline(best)  # clears run.json's baseline_pending
+                    return None
                 built = s.gate.build(Candidate(best, []))
             if not built.ok:
                 raise SessionError(f"the best version ({s.best_commit[:10]}) no longer builds: {built.error_text()[:800]}")
             s.best_build = built
+            return None
+
+    def _mark_pending(self, why: str) -> None:
+        info = self.session.record.info
+        if info.baseline_pending == why:
+            return
+        info.baseline_pending = why
+        self.session.record.write_info(info)
+        self.session.log("note", text=pending_text(why, info.run_id), data={"baseline_pending": why})
 
     # -- who drives it ---------------------------------------------------------------------------
     def set_client(self, name: str | None, version: str | None) -> None:
@@ -469,6 +508,9 @@ class SessionService:
             if why := budget_stop(self.session, name):
                 return ToolResult(ok=False, text=f"not run: budget spent ({why}). `status` shows the session; it is over.",
                                   event="budget")
+            if name in DEVICE_TOOLS and (missing := self.device_missing()):
+                return ToolResult(ok=False, text=no_device_text(name, missing, self.session.record.info.run_id),
+                                  event="no_device")
         if name == "submit":
             try:
                 self.ensure_best()

@@ -413,7 +413,7 @@ class Workspace:
         env = {"GIT_INDEX_FILE": index}
         real = Path(str(_git(self.path, "rev-parse", "--path-format=absolute", "--git-path", "index")))
         if real.is_file():
-            shutil.copyfile(real, index)
+            shutil.copy2(real, index)  # keeps its mtime: git re-reads entries as new as the index (racy git)
         else:
             _git(self.path, "read-tree", "HEAD", env=env)
         _git(self.path, "add", "--all", "--", ".", env=env)

@@ -24,7 +24,7 @@ def test_manifest(task):
     assert "lse" in m.tolerance_for and m.tolerance_for["lse"].atol < m.tolerance.atol
     dims = {"batch", "heads", "seqlen", "head_dim", "causal"}
     for s in m.shapes:
-        assert set(s.dims) == dims, s.name
+        assert set(s.dims) - {"inputs"} == dims, s.name  # `inputs`: an adversarial check shape
         assert s.dims["head_dim"] in (64, 128), s.name
     checks = task.check_shapes
     assert {s.dims["head_dim"] for s in checks} == {64, 128}

@@ -135,3 +135,83 @@ def test_git_reads_our_commit(repo: Path):
     # and git log's own trailer formatting sees them too
     keys = git(repo, "log", "-1", "--format=%(trailers:only,unfold,key=Kloop-Speedup,valueonly)").strip()
     assert keys == "1.084"
+
+
+# ---- kernel names in trailers and `kloop log` (issue 13) -------------------------------------------
+
+# as nvcc 13.0 + cu++filt name the shipped kernels (flash_attn_fwd, paged_decode: anonymous namespace)
+FLASH_128 = ("void (anonymous namespace)::flash_attn_fwd_kernel<128>(__nv_bfloat16 const*, __nv_bfloat16 const*, "
+             "__nv_bfloat16 const*, __nv_bfloat16*, float*, int, int, int, float)")
+FLASH_64 = FLASH_128.replace("<128>", "<64>")
+PAGED = ("void (anonymous namespace)::paged_decode_kernel<256, false>(__nv_bfloat16 const*, __nv_bfloat16 const*, "
+         "__nv_bfloat16 const*, int const*, int const*, __nv_bfloat16*, float*, float*, int, int, int, int, int, float)")
+SOFTMAX = "softmax_rows(__nv_bfloat16 const*, __nv_bfloat16*, int)"
+
+
+@pytest.mark.parametrize("demangled,short", [
+    (FLASH_128, "flash_attn_fwd_kernel<128>"),
+    (FLASH_64, "flash_attn_fwd_kernel<64>"),
+    (PAGED, "paged_decode_kernel<256,false>"),
+    (SOFTMAX, "softmax_rows"),
+    ("kloop_matmul", "kloop_matmul"),  # a C name (CPU tasks, extern "C") is kept as it is
+    ("void ns::inner::kern<void (*)(int), 2>(float) const", "kern<void(*)(int),2>"),
+    ("void {anonymous}::k<3>(int)", "k<3>"),
+    ("void cute::device_kernel<cutlass::Gemm<(int)3, ns::T>>(Params)", "device_kernel<cutlass::Gemm<(int)3,ns::T>>"),
+])
+def test_kernel_name_is_short_and_readable(demangled, short):
+    from tools.fmt import kernel_name
+
+    assert kernel_name(demangled) == short
+
+
+def test_kernel_name_of_a_long_or_undemangled_name_is_cut_with_a_hash():
+    from tools.fmt import KERNEL_NAME_MAX, kernel_name
+
+    a = "void k<" + ", ".join(f"Type{i}" for i in range(30)) + ">(int)"
+    b = a.replace("Type29", "Other")
+    assert len(kernel_name(a)) == KERNEL_NAME_MAX and kernel_name(a) != kernel_name(b)
+    mangled = "_ZN50_GLOBAL__N__58976818_17_flash_attn_fwd_cu_24baaf9a21flash_attn_fwd_kernelILi128EEEvPK13__nv_bfloat16"
+    assert len(kernel_name(mangled)) == KERNEL_NAME_MAX
+
+
+def test_kernel_names_are_unique():
+    from tools.fmt import kernel_names
+
+    assert kernel_names([FLASH_128, FLASH_64]) == ["flash_attn_fwd_kernel<128>", "flash_attn_fwd_kernel<64>"]
+    # the same short name in two namespaces: the second gets a suffix, in order
+    assert kernel_names(["void a::k<1>(int)", "void b::k<1>(int)", "void k<2>(int)"]) == ["k<1>", "k<1>~2", "k<2>"]
+
+
+def _figures(*names):
+    return {"build": {"kernels": [{"name": n, "registers": 40 + i, "spill_store_bytes": 0, "spill_load_bytes": 0}
+                                  for i, n in enumerate(names)]}}
+
+
+def test_evidence_trailers_keep_every_cuda_kernel(repo: Path):
+    """Two kernels of an anonymous namespace were both 'Kloop-Regs-void' (the log showed one)."""
+    from agent.cli import _commit_rows
+    from agent.session import evidence_trailers
+
+    # `k<1,2>` and the second `k<1>` (`k<1>~2`) sanitise to the same key: the later one is numbered
+    trailers = evidence_trailers(_figures(FLASH_128, FLASH_64, PAGED, "void a::k<1>(int)", "void b::k<1>(int)",
+                                          "void k<1, 2>(int)"), None, "run-1", 2)
+    regs = [(k, v) for k, v in trailers if k.startswith("Kloop-Regs-")]
+    assert [k for k, _ in regs] == ["Kloop-Regs-flash-attn-fwd-kernel-128", "Kloop-Regs-flash-attn-fwd-kernel-64",
+                                    "Kloop-Regs-paged-decode-kernel-256-false", "Kloop-Regs-k-1",
+                                    "Kloop-Regs-k-1-2", "Kloop-Regs-k-1-2-2"]
+    assert [v.split()[0] for _, v in regs] == ["40", "41", "42", "43", "44", "45"]
+    msg = format_commit_message("Two kernels", "", trailers)
+    assert git_parse(repo, msg) == parse_trailers(msg) == trailers
+    rows = _commit_rows(repo, "main", None)
+    assert len(rows) == 1 and list(rows[0]["registers"]) == [k.removeprefix("Kloop-Regs-") for k, _ in regs]
+
+
+def test_log_still_reads_old_register_trailers(repo: Path):
+    from agent.cli import _commit_rows, _numbers
+
+    old = [("Kloop-Speedup", "1.1000"), ("Kloop-Regs-void", "40 -> 38 regs, spills 0/0 B"),
+           ("Kloop-Regs-softmax-rows", "31 regs, spills 0/0 B"), ("Kloop-Run", "r"), ("Kloop-Attempt", "1")]
+    git_parse(repo, format_commit_message("Old commit", "", old))
+    rows = _commit_rows(repo, "main", None)
+    assert rows[0]["registers"] == {"void": "40 -> 38 regs, spills 0/0 B", "softmax-rows": "31 regs, spills 0/0 B"}
+    assert _numbers(rows[0])["registers"]["void"]["registers"] == 38

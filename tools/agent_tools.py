@@ -30,8 +30,19 @@ class BuildInput(ToolInput):
 
 
 def build_tool(ctx: SessionPort, args: BuildInput) -> ToolResult:
+    """The build, then the gate's own audit of what was built (tools/audit.py): a build the gate
+    would refuse at submit says so here, and is not ok."""
+    from tools.audit import audit_line
+    from tools.evaluate import audit_of
+
     result = _build(ctx, args.knobs)
-    return ToolResult(ok=result.ok, text=format_build(result), data=result.model_dump(mode="json", exclude={"log_tail"}))
+    data = result.model_dump(mode="json", exclude={"log_tail"})
+    if not result.ok:
+        return ToolResult(ok=False, text=format_build(result), data=data)
+    audit, error = audit_of(ctx.task, result)
+    data["audit"] = audit.model_dump(mode="json") if audit else {"ok": False, "error": error}
+    ok = audit is not None and audit.ok
+    return ToolResult(ok=ok, text=format_build(result) + "\n" + audit_line(audit, error), data=data)
 
 
 # ---- sass ---------------------------------------------------------------------------------------
@@ -212,10 +223,18 @@ class SubmitInput(ToolInput):
     title: str = Field(min_length=3, max_length=200, description="One line: what changed (becomes the commit title).")
     rationale: str = Field(default="", max_length=4000, description="Why it should be faster, what you measured (becomes the commit body).")
     knobs: KnobMap | None = Field(default=None, description="Knob settings to land with this change (saved in knobs.toml).")
+    gate_seconds: float | None = Field(default=None, ge=1, le=30, description=(
+        "Timing seconds for this decision (1 to 30; default: the session's). Use it when a verdict was "
+        "'undecided (noisy machine)': its reason says how many seconds would decide."))
 
 
 def submit_tool(ctx: SessionPort, args: SubmitInput) -> ToolResult:
-    verdict = ctx.submit(args.title, args.rationale, args.knobs)
+    from tools.port import SubmitRefused
+
+    try:
+        verdict = ctx.submit(args.title, args.rationale, args.knobs, gate_seconds=args.gate_seconds)
+    except SubmitRefused as exc:
+        return ToolResult(ok=False, text=f"not run: {exc}", event="refused")
     text = verdict.summary()
     text += ("\nThe change is committed; it is the new best." if verdict.accepted
              else "\nThe worktree is back at the best version; your edits were reverted (the attempt is recorded).")
@@ -234,7 +253,7 @@ def revert_tool(ctx: SessionPort, args: RevertInput) -> ToolResult:
 
 
 ENGINEERING_TOOLS = [
-    Tool("build", "Compile the current sources (optionally with knob overrides): errors with file:line, and per kernel the registers, spills, shared memory and ptxas warnings.", BuildInput, build_tool),
+    Tool("build", "Compile the current sources (optionally with knob overrides): errors with file:line; per kernel the registers (and setmaxnreg values), spills, shared memory and ptxas advisories; then the gate's audit of what was built (symbols, syscalls, load-time code, includes): not ok when the gate would refuse it at submit.", BuildInput, build_tool),
     Tool("sass", "The SASS instruction mix per kernel (tensor-core, FP32, loads/stores with widths, local memory, barriers, shuffles, MUFU), or an excerpt around a regex.", SassInput, sass_tool),
     Tool("check", "Run the correctness check (fresh random inputs, every check shape, poisoned outputs, inputs verified unchanged) and show the error table.", CheckInput, check_tool),
     Tool("bench", "Quick non-gating timing per bench shape: median and spread, TFLOP/s and GB/s, % of the roofline; optionally the comparators.", BenchInput, bench_tool),

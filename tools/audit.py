@@ -85,6 +85,11 @@ CUDA_SYMBOLS = CPU_SYMBOLS + [
     "cudaOccupancyMaxActiveBlocksPerMultiprocessor", "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
     "cudaOccupancyMaxPotentialClusterSize", "cudaOccupancyMaxActiveClusters", "cudaMemsetAsync",
     "cudaGetFuncBySymbol", "cudaGetKernel",
+    # TMA: pure functions of the driver that fill a 128-byte tensor map in host memory (no stream, no
+    # allocation, no state). The runner puts the driver in the global scope before the library loads
+    # (tools/libhost.py) so these resolve; cudaGetDriverEntryPoint stays off: it would hand out every
+    # driver function without an import.
+    "cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapReplaceAddress",
 ]
 TARGET_SYMBOLS = {"cpu": CPU_SYMBOLS, "cuda": CUDA_SYMBOLS}
 
@@ -149,6 +154,25 @@ def audit_build(build_dir: Path, target: str, *, sources: list[str], allowed_sym
             raise AuditError(f"{pre}: the preprocessed source is missing")
         findings += preprocessed_findings(pre.read_text(errors="replace"), src_dir, [*SOURCE_RULES, *extra_rules])
     return AuditReport(ok=not findings, findings=_dedup(findings), objects=objects, headers=deps[1])
+
+
+def audit_task_build(task, build_dir: Path) -> AuditReport:
+    """The gate's audit of one build of `task` (a tools.task.Task): the target's allow-list plus the
+    manifest's `allowed_symbols`, the source rules plus the manifest's `forbidden`. The one function
+    the gate, `kloop eval` and the agent's build tool share. AuditError when it cannot be done."""
+    m = task.manifest
+    return audit_build(Path(build_dir), m.target, sources=m.sources, allowed_symbols=m.allowed_symbols,
+                       extra_rules=[(f.pattern, f.reason) for f in m.forbidden])
+
+
+def audit_line(report: AuditReport | None, error: str | None = None) -> str:
+    """One line for people and agents: what the gate's audit of this build would say at submit."""
+    if report is None:
+        return f"audit: could not run ({error}); the gate would reject this build"
+    if report.ok:
+        return (f"audit: ok ({report.objects} object{'s' * (report.objects != 1)}, {report.headers} headers read; "
+                "symbols, syscalls, load-time code and includes as the gate checks them at submit)")
+    return f"audit: REJECTED (the gate refuses this build at submit): {report.reason()}"
 
 
 def _dedup(findings: list[Finding]) -> list[Finding]:

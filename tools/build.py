@@ -34,7 +34,7 @@ from tools.sandbox import minimal_env, wrap
 from tools.secrets import scrub
 from tools.task import KnobValue, Task
 
-BUILD_SCHEME = "kloop-build-3"  # bump when the build recipe changes, to invalidate old cache entries
+BUILD_SCHEME = "kloop-build-4"  # bump when the build recipe changes, to invalidate old cache entries
 HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".cuh", ".inc", ".inl")
 MAX_ERRORS = 6
 
@@ -62,6 +62,10 @@ class KernelResources(BaseModel):
     smem_bytes: int = 0
     cmem_bytes: int = 0
     barriers: int | None = None
+    # ptxas advisories about this kernel, shortened (e.g. "C7511 wgmma serialized: insufficient register resources")
+    advisories: list[str] = Field(default_factory=list)
+    # the register counts `setmaxnreg` sets in a warp-specialised kernel (from the SASS: USETMAXREG), low to high
+    setmaxnreg: list[int] = Field(default_factory=list)
 
 
 class BuildResult(BaseModel):
@@ -308,10 +312,12 @@ def build(
         seconds=round(time.monotonic() - started, 3),
         lib=str(final / lib_name) if ok else None,
         errors=[] if ok else parse_compile_errors(logs or ninja_out, work / "src"),
-        warnings=parse_ptxas_warnings(logs),
-        kernels=parse_ptxas(logs) if task.target == "cuda" else [],
+        warnings=(warnings := parse_ptxas_warnings(logs)),
+        kernels=kernel_advisories(warnings, parse_ptxas(logs)) if task.target == "cuda" else [],
         log_tail=tail(logs or ninja_out, 3000),
     )
+    if ok and task.target == "cuda" and _mentions_setmaxnreg(work):
+        result.kernels = with_setmaxnreg(result.kernels, work / lib_name)
     (work / "build.json").write_text(result.model_dump_json(indent=1))
     try:
         work.rename(final)
@@ -420,6 +426,40 @@ def parse_ptxas(log: str) -> list[KernelResources]:
     return [k.model_copy(update={"name": names.get(k.mangled, k.mangled)}) for k in kernels.values()]
 
 
+_CODE = re.compile(r"\((C\d{4})\)")
+
+
+def shorten_advisory(line: str, mangled: str) -> str:
+    """A ptxas warning about one kernel, in a few words: code first, prefixes and the name dropped."""
+    text = re.sub(r"^.*?ptxas\s+(?:warning|info)\s*:\s*", "", line.strip())
+    code = _CODE.search(text)
+    text = _CODE.sub("", text)
+    text = re.sub(r"Potential Performance Loss:\s*", "", text)
+    text = re.sub(r"wgmma\.mma_async instructions are serialized(?: due to)?", "wgmma serialized:", text)
+    text = re.sub(r"\s*(?:in|for)\s+(?:the\s+)?(?:entry\s+)?(?:function\s+)?'?" + re.escape(mangled) + r"'?", "", text)
+    text = text.replace(mangled, "").strip(" .,:")
+    text = re.sub(r"\s+", " ", text)
+    text = f"{code.group(1)} {text}" if code else text
+    return text if len(text) <= 110 else text[:107] + "..."
+
+
+def kernel_advisories(warnings: list[str], kernels: list[KernelResources]) -> list[KernelResources]:
+    """Each kernel with the ptxas warnings that name it (C75xx 'wgmma serialized ...', stack size,
+    out-of-range launch bounds, ...), shortened; warnings naming no kernel stay general."""
+    out = []
+    for k in kernels:
+        mine = [shorten_advisory(w, k.mangled) for w in warnings if k.mangled and re.search(
+            r"(?<![\w$])" + re.escape(k.mangled) + r"(?![\w$])", w)]
+        out.append(k.model_copy(update={"advisories": list(dict.fromkeys(mine))}))
+    return out
+
+
+def general_warnings(result: "BuildResult") -> list[str]:
+    """The ptxas warnings that name none of the kernels (those are shown with their kernel)."""
+    names = [k.mangled for k in result.kernels if k.mangled]
+    return [w for w in result.warnings if not any(re.search(r"(?<![\w$])" + re.escape(n) + r"(?![\w$])", w) for n in names)]
+
+
 def parse_ptxas_warnings(log: str) -> list[str]:
     seen: list[str] = []
     for line in log.splitlines():
@@ -440,10 +480,38 @@ def format_build(result: BuildResult) -> str:
     for k in result.kernels:
         spill = k.spill_store_bytes + k.spill_load_bytes
         lines.append(
-            f"  {k.name}: {k.registers} regs, {k.smem_bytes} B smem, {k.stack_bytes} B stack, "
+            f"  {k.name}: {registers_text(k)}, {k.smem_bytes} B smem, {k.stack_bytes} B stack, "
             f"spills {k.spill_store_bytes}/{k.spill_load_bytes} B st/ld, barriers {k.barriers}"
             + ("  <-- SPILLS" if spill else "")
         )
-    for w in result.warnings:
+        if k.advisories:
+            shown = "; ".join(k.advisories[:3]) + (f" (+{len(k.advisories) - 3} more)" if len(k.advisories) > 3 else "")
+            lines.append(f"    ptxas: {shown}")
+    for w in general_warnings(result):
         lines.append(f"  warning: {w}")
     return "\n".join(lines)
+
+
+def _mentions_setmaxnreg(work: Path) -> bool:
+    """Whether any preprocessed source asks for `setmaxnreg` (only then is the SASS read at build time)."""
+    return any(b"setmaxnreg" in p.read_bytes() for p in (work / "obj").rglob("*.i"))
+
+
+def with_setmaxnreg(kernels: list[KernelResources], lib: Path) -> list[KernelResources]:
+    """The kernels with the register counts their `setmaxnreg` instructions set (from the SASS of the
+    library: reading the binary, never running it); unchanged when the SASS cannot be read here."""
+    from tools.sass import SassError, parse_sass, dump_sass
+
+    try:
+        sass = parse_sass(dump_sass(lib))
+    except SassError:
+        return kernels
+    values = {k.mangled: k.summary.setmaxnreg for k in sass.values() if k.summary.setmaxnreg}
+    return [k.model_copy(update={"setmaxnreg": values[k.mangled]}) if k.mangled in values else k for k in kernels]
+
+
+def registers_text(k: KernelResources) -> str:
+    """'31 regs', or for a warp-specialised kernel '168 regs at entry; setmaxnreg 40 / 232'."""
+    if not k.setmaxnreg:
+        return f"{k.registers} regs"
+    return f"{k.registers} regs at entry; setmaxnreg {' / '.join(map(str, k.setmaxnreg))}"

@@ -63,3 +63,14 @@ def describe(device: torch.device) -> DeviceInfo:
 
 def gpu_available() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def missing_device(target: str) -> str | None:
+    """Why a task of `target` cannot be checked or timed on this machine (None: it can). Building,
+    the SASS and the audit need no device; a CUDA task's check, timing and profile need a visible GPU."""
+    if target != "cuda":
+        return None
+    try:
+        return None if gpu_available() else "no CUDA device here"
+    except Exception as exc:  # a broken driver is as good as no device
+        return f"no usable CUDA device here ({exc})"

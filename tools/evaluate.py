@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from tools.task import KnobValue, Task
+from tools.audit import AuditError, AuditReport, audit_task_build
 from tools.build import BuildResult, build
 from tools.protocol import BenchReport, CheckReport, DeviceInfo, WorkerRequest, WorkerResult
 from tools.runner import JudgeStandby, StandbySlot, run_worker
@@ -24,6 +25,8 @@ class EvalReport(BaseModel):
     build: BuildResult
     sass: dict = Field(default_factory=dict)  # kernel -> SassSummary as a dict
     sass_error: str | None = None
+    audit: AuditReport | None = None  # the gate's audit of what was built (tools/audit.py)
+    audit_error: str | None = None
     check: CheckReport | None = None
     check_error: str | None = None
     bench: BenchReport | None = None
@@ -81,6 +84,14 @@ def sass_summary(task: Task, lib: str) -> tuple[dict, str | None]:
         return {}, f"{type(exc).__name__}: {exc}"
 
 
+def audit_of(task: Task, built: BuildResult) -> tuple[AuditReport | None, str | None]:
+    """The gate's audit of a successful build, or why it could not run (the gate would reject then)."""
+    try:
+        return audit_task_build(task, Path(built.build_dir)), None
+    except (AuditError, OSError) as exc:
+        return None, str(exc)
+
+
 def evaluate(task: Task, knobs: dict[str, KnobValue] | None = None, src_root: Path | None = None,
              seed: int | None = None, check: bool = True, bench: bool = True, comparators: bool = True,
              shapes: list[str] | None = None, bench_seconds: float = BENCH_SECONDS_PER_SHAPE) -> EvalReport:
@@ -109,6 +120,7 @@ def _evaluate(task: Task, slot: StandbySlot, knobs, src_root, seed, check, bench
     if not built.ok:
         return report
     report.sass, report.sass_error = sass_summary(task, built.lib)
+    report.audit, report.audit_error = audit_of(task, built)
     if not runnable:
         report.check_error = "no CUDA GPU on this machine: built and analysed only"
         return report

@@ -90,3 +90,70 @@ def device_label(device: Mapping[str, Any] | Any, clocks: bool = True) -> str:
     if clocks and d.get("sm_clock_mhz"):
         parts.append(f"SM {d['sm_clock_mhz']}/{d.get('max_sm_clock_mhz') or '?'} MHz")
     return ", ".join(parts)
+
+
+_ANONYMOUS = ("(anonymous namespace)", "{anonymous}", "_GLOBAL__N_1")
+KERNEL_NAME_MAX = 48
+
+
+def _top_level(text: str, stop) -> list[int]:
+    """Indices in `text` where stop(text, i) holds outside any (), <> or [] nesting."""
+    depth, out = 0, []
+    for i, c in enumerate(text):
+        if c in "(<[":
+            depth += 1
+        elif c in ")>]":
+            depth = max(0, depth - 1)
+        elif depth == 0 and stop(text, i):
+            out.append(i)
+    return out
+
+
+def kernel_name(demangled: str) -> str:
+    """A kernel's short readable name from its demangled signature: no return type, no namespaces
+    (`(anonymous namespace)::` or named), no argument list, template arguments kept without spaces:
+    'void (anonymous namespace)::paged_decode_kernel<256, false>(__nv_bfloat16 const*, ...)' ->
+    'paged_decode_kernel<256,false>'. A plain (extern "C" or undemangled) name comes back as it is;
+    one longer than KERNEL_NAME_MAX is cut and ends in a hash of the whole, so cut names stay apart.
+    Unique among several kernels: `kernel_names`."""
+    text = " ".join(str(demangled).split())
+    for anon in _ANONYMOUS:
+        text = text.replace(anon + "::", "")
+    # the argument list: the last top-level (...) group, with any cv/ref qualifiers after it
+    body = text.rstrip()
+    while body and not body.endswith(")") and body.rsplit(" ", 1)[-1] in ("const", "volatile", "&", "&&", "noexcept"):
+        body = body.rsplit(" ", 1)[0].rstrip()
+    if body.endswith(")"):
+        depth = 0
+        for i in range(len(body) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(body[i], 0)
+            if depth == 0:
+                if i > 0:
+                    body = body[:i]
+                break
+    # the return type: everything up to the last top-level space
+    spaces = _top_level(body, lambda t, i: t[i] == " ")
+    if spaces:
+        body = body[spaces[-1] + 1 :]
+    # namespaces and enclosing classes: keep the last top-level `::` component
+    scopes = _top_level(body, lambda t, i: t.startswith("::", i))
+    if scopes:
+        body = body[scopes[-1] + 2 :]
+    body = body.replace(", ", ",").replace(" ", "") or text
+    if len(body) > KERNEL_NAME_MAX:
+        import hashlib
+
+        body = body[: KERNEL_NAME_MAX - 7] + "~" + hashlib.sha1(text.encode()).hexdigest()[:6]
+    return body
+
+
+def kernel_names(demangled: list[str]) -> list[str]:
+    """`kernel_name` of each, made unique in the list: a name two kernels share gets '~2', '~3', ...
+    from its second holder on (in the order given)."""
+    out, seen = [], {}
+    for name in demangled:
+        short = kernel_name(name)
+        n = seen.get(short, 0) + 1
+        seen[short] = n
+        out.append(short if n == 1 else f"{short}~{n}")
+    return out

@@ -71,6 +71,7 @@ class Host:
             l2 = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
             self.flush_buf = torch.empty(max(256 << 20, 2 * l2), dtype=torch.uint8, device=self.device)
             _no_persisting_l2()  # before the library loads; it cannot raise the limit (cudaDeviceSetLimit: audit)
+            _driver_in_global_scope()
         else:
             torch.set_num_threads(1)
         self.spec = load_spec(spec_path)
@@ -212,6 +213,17 @@ def _no_persisting_l2() -> None:
     rt = _cudart()
     if rt is not None:
         rt.cudaDeviceSetLimit(CUDA_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
+
+
+def _driver_in_global_scope() -> bool:
+    """The CUDA driver torch loaded, promoted to the global symbol scope (RTLD_NOLOAD: never a second
+    copy), so a library's imports of the driver's TMA encoders (the only driver symbols the audit
+    allows) resolve at load. The library is linked without -lcuda (CI has no driver to link against)."""
+    try:
+        ctypes.CDLL("libcuda.so.1", mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
+        return True
+    except OSError:
+        return False
 
 
 def _lockdown(cuda: bool = False) -> None:

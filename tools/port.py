@@ -13,6 +13,11 @@ from typing import Any, Protocol, runtime_checkable
 from tools.task import Task
 
 
+class SubmitRefused(Exception):
+    """A submission the session refuses before any gate stage runs (no attempt is spent), e.g. the
+    identical change already judged slower or not faster against the same best; the message says why."""
+
+
 class Outcome(Protocol):
     """What `submit` answers (the gate's verdict, as far as a tool reads it)."""
 
@@ -49,8 +54,10 @@ class SessionPort(Protocol):
     def device(self) -> dict | None:
         """The measured device of the baseline (name, driver...), for roofline floors; None before it."""
 
-    def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None) -> Outcome:
-        """Hand the current sources (and knob settings) to the gate; it alone decides."""
+    def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None,
+               gate_seconds: float | None = None) -> Outcome:
+        """Hand the current sources (and knob settings) to the gate; it alone decides. `gate_seconds`:
+        this decision's timing cap (default: the session's). SubmitRefused: not judged, no attempt spent."""
 
     def revert(self) -> str:
         """Restore the candidate folder to the best version; returns its commit."""

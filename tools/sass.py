@@ -116,6 +116,9 @@ class SassSummary(BaseModel):
     opcodes: dict[str, int] = {}  # base opcode (no modifiers); most frequent first
     memory: dict[str, int] = {}  # loads/stores by width in bits, e.g. {"LDG.128": 12, "STS.32": 4}
     mufu: dict[str, int] = {}  # special-function unit ops by function, e.g. {"EX2": 8}
+    # register counts a warp-specialised kernel sets with `setmaxnreg` (USETMAXREG), low to high: the
+    # entry count (ptxas -v) is only what every warp starts with
+    setmaxnreg: list[int] = []
     warnings: list[str] = []
 
 
@@ -271,11 +274,20 @@ def _warnings(opcodes: Counter, arch: str | None) -> list[str]:
     return warnings
 
 
+def _immediate(operand: str) -> int | None:
+    """An immediate operand (0xe8, 232) as an int; None for a register or predicate."""
+    try:
+        return int(operand, 0)
+    except ValueError:
+        return None
+
+
 def summarise(kernel: str, arch: str | None, instructions: list[SassInstruction]) -> SassSummary:
     opcodes: Counter = Counter()
     families: Counter = Counter()
     memory: Counter = Counter()
     mufu: Counter = Counter()
+    setmaxnreg: set[int] = set()
     for ins in _without_padding(instructions):
         base = ins.base
         opcodes[base] += 1
@@ -284,10 +296,12 @@ def summarise(kernel: str, arch: str | None, instructions: list[SassInstruction]
             memory[f"{base}.{_width_bits(ins.modifiers)}"] += 1
         elif base == "MUFU":
             mufu[".".join(ins.modifiers) or "?"] += 1
+        elif base == "USETMAXREG":
+            setmaxnreg.update(v for v in map(_immediate, ins.operands) if v is not None)
     return SassSummary(
         kernel=kernel, arch=arch, total=sum(opcodes.values()), families=dict(families.most_common()),
         opcodes=dict(opcodes.most_common()), memory=dict(memory.most_common()),
-        mufu=dict(mufu.most_common()), warnings=_warnings(opcodes, arch),
+        mufu=dict(mufu.most_common()), setmaxnreg=sorted(setmaxnreg), warnings=_warnings(opcodes, arch),
     )
 
 
@@ -314,6 +328,9 @@ def format_mix(mix: Mapping[str, SassSummary], top_opcodes: int = 12) -> str:
             lines.append(f"  ld/st widths: {_counts(s.memory)}")
         if s.mufu:
             lines.append(f"  mufu: {_counts(s.mufu)}")
+        if s.setmaxnreg:
+            lines.append(f"  registers: setmaxnreg {' / '.join(map(str, s.setmaxnreg))} (warp-specialised: "
+                         "the ptxas count is the entry count only)")
         lines.append(f"  opcodes: {_counts(s.opcodes, top_opcodes)}")
         lines += [f"  WARNING {w}" for w in s.warnings]
         blocks.append("\n".join(lines))

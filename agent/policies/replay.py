@@ -62,6 +62,7 @@ class RecordedAttempt(BaseModel):
     speedup: float | None = None
     reason: str = ""
     patch: str = ""
+    gate_seconds: float | None = None  # the timing cap the recorded decision ran with, when one was asked for
 
 
 class ReplayPolicy:
@@ -80,7 +81,8 @@ class ReplayPolicy:
         record = rec.RunRecord.open(run_dir)
         attempts = [RecordedAttempt(number=a.number, title=a.title, rationale=a.rationale, accepted=a.accepted,
                                     speedup=a.figures.get("speedup"), reason=a.reason,
-                                    patch=record.read_patch(a.number) if record.patch_path(a.number).is_file() else "")
+                                    patch=record.read_patch(a.number) if record.patch_path(a.number).is_file() else "",
+                                    gate_seconds=a.gate_seconds)
                     for a in attempts_from_events(record.events())]
         return cls(attempts, on_row=on_row)
 
@@ -96,7 +98,10 @@ class ReplayPolicy:
                 ctx.toolbox.call("revert", {})
             else:
                 title = a.title if len(a.title) >= 3 else f"attempt {a.number}: {a.title}"
-                res = ctx.toolbox.call("submit", {"title": title[:200], "rationale": a.rationale[:4000]})
+                args = {"title": title[:200], "rationale": a.rationale[:4000]}
+                if a.gate_seconds:
+                    args["gate_seconds"] = a.gate_seconds
+                res = ctx.toolbox.call("submit", args)
                 v = res.data or {}
                 row.replayed_accepted, row.replayed_stage = v.get("accepted", False), v.get("stage", "error")
                 row.replayed_reason = v.get("reason", res.text)

@@ -6,6 +6,18 @@ Read-only: the gate takes this file from the run's base commit, never from a can
     LSE = log(sum_j exp(Q K^T * scale)_ij)           fp32 [batch, heads, seqlen] (natural log)
 
 scale = 1 / sqrt(head_dim); causal: query i sees keys j <= i.
+
+Inputs are randn cast to bf16 (scores ~N(0, 1)) unless the shape's `inputs` dim names an adversarial
+kind (check shapes only), so range shortcuts fail the check:
+    "large"  q and k randn * sqrt(LARGE_SCORE_STD): scores ~N(0, 30^2), the top ones near +-100, and
+             x - max reaches -200: exp without the max subtraction overflows fp32 (e^88.7), an exp that
+             wraps below 2^-126 (bit-trick exp2) gives garbage, scores rounded to bf16 are off by ~0.25;
+    "ramp"   scores rise along the keys: q = randn + u, k_j = randn + (j / (s - 1)) * beta * u with u a
+             random +-1 vector per (batch, head), so the score of key j grows by ~RAMP_SCORE * j / s; the
+             largest score of a row sits in its last (partial) key tile, ~90+ above the first tile's:
+             a kernel that keeps a stale running max (the first tile's, no rescale) overflows.
+Every honest kernel (fp32 scores, running max, exp/exp2 in fp32, P in bf16) computes these as the
+reference does up to bf16 rounding, so the tolerance is unchanged.
 """
 
 from __future__ import annotations
@@ -31,14 +43,40 @@ def scale_of(shape: dict) -> float:
     return 1.0 / math.sqrt(int(shape["head_dim"]))
 
 
+INPUT_KINDS = ("normal", "large", "ramp")
+LARGE_SCORE_STD = 30.0  # "large": the standard deviation of the scaled scores
+RAMP_SCORE = 200.0  # "ramp": the last key's score lead, u-aligned part (the first key's is 0)
+
+
+def input_kind(shape: dict) -> str:
+    kind = str(shape.get("inputs", "normal"))
+    if kind not in INPUT_KINDS:
+        raise ValueError(f"inputs = {kind!r}: expected one of {INPUT_KINDS}")
+    return kind
+
+
 def make_inputs(shape: dict, gen: torch.Generator, device: torch.device) -> dict[str, torch.Tensor]:
     b, h, s, d, _ = _dims(shape)
+    kind = input_kind(shape)
 
     def draw() -> torch.Tensor:
-        x = torch.randn((b, h, s, d), generator=gen, device=gen.device, dtype=torch.float32)
+        return torch.randn((b, h, s, d), generator=gen, device=gen.device, dtype=torch.float32)
+
+    q, k, v = draw(), draw(), draw()
+    if kind == "large":
+        q.mul_(math.sqrt(LARGE_SCORE_STD))
+        k.mul_(math.sqrt(LARGE_SCORE_STD))
+    elif kind == "ramp":
+        # q.u / sqrt(d) = sqrt(d) for q's u part; key j carries beta_j * u: score lead beta_j * sqrt(d)
+        u = torch.randint(0, 2, (b, h, 1, d), generator=gen, device=gen.device).float().mul_(2).sub_(1)
+        beta = torch.arange(s, device=gen.device, dtype=torch.float32) / max(1, s - 1) * (RAMP_SCORE / math.sqrt(d))
+        q.add_(u)
+        k.add_(beta[None, None, :, None] * u)
+
+    def cast(x: torch.Tensor) -> torch.Tensor:
         return x.to(device=device, dtype=torch.bfloat16).contiguous()
 
-    return {"q": draw(), "k": draw(), "v": draw()}
+    return {"q": cast(q), "k": cast(k), "v": cast(v)}
 
 
 def make_outputs(shape: dict, inputs: dict) -> dict[str, torch.Tensor]:

@@ -15,9 +15,23 @@ Shape dims: batch, q_heads, kv_heads, head_dim, page_size, ctx (the longest cont
     "random"  lengths drawn uniformly from [1, ctx] by the generator (check shapes)
     "fixed"   every length equals ctx (bench shapes: bytes_moved is exact)
     "ramp"    len_i = ctx - (i * (ctx - 1)) // (2 * batch): a fixed ragged batch from ctx down to about ctx / 2
-Every block-table entry (padding past a sequence's last page too) names a distinct page of the pool,
+Every block-table entry (padding past a sequence's last page too) names a distinct page of the pool
+(except for inputs = "shared", below),
 drawn by a random permutation; the pool holds a quarter more pages than the tables name, so the pages
 of a sequence are scattered and never contiguous by construction.
+
+Adversarial inputs, so range shortcuts fail the check (check shapes only; dim `inputs`, default "normal"):
+    "large"  q = randn * LARGE_SCORE_STD: scores ~N(0, 30^2), the top ones near +-100: exp without the
+             max subtraction overflows fp32 (e^88.7), scores rounded to bf16 are off by ~0.25;
+    "late"   the last token of every sequence dominates its softmax by ~LATE_SCORE (120): q gets a
+             random +-1 vector u per (sequence, KV head) added, that token's K gets u * LATE_SCORE /
+             sqrt(head_dim). The max sits in the tail (usually partial) page, so a kernel that keeps
+             the first page's or partition's max (no rescale) overflows, and one that drops or misplaces
+             the tail tokens is far off;
+    "shared" prefix sharing (vLLM's prefix caching, beam search): every sequence's first half of table
+             entries names the same pages as sequence 0's (the pool and the other entries as above), so
+             one page is read by several sequences: a kernel that walks the pool page by page and
+             credits each page to one owner (an inverse of the table) leaves the others without it.
 """
 
 import ctypes
@@ -29,6 +43,16 @@ import torch.nn.functional as F
 from tools.spec import check_status, ptr
 
 LENS_MODES = ("random", "fixed", "ramp")
+INPUT_KINDS = ("normal", "large", "late", "shared")
+LARGE_SCORE_STD = 30.0
+LATE_SCORE = 120.0
+
+
+def input_kind(shape) -> str:
+    kind = str(shape.get("inputs", "normal"))
+    if kind not in INPUT_KINDS:
+        raise ValueError(f"inputs = {kind!r}: expected one of {INPUT_KINDS}")
+    return kind
 
 
 def _dims(shape):
@@ -84,6 +108,18 @@ def make_inputs(shape, gen, device):
     q = torch.randn(b, qh, d, generator=gen, device=gd, dtype=torch.bfloat16)
     k_cache = torch.randn(pool, ps, kvh, d, generator=gen, device=gd, dtype=torch.bfloat16)
     v_cache = torch.randn(pool, ps, kvh, d, generator=gen, device=gd, dtype=torch.bfloat16)
+    kind = input_kind(shape)
+    if kind == "shared":
+        block_table[1:, : mp // 2] = block_table[0, : mp // 2]
+    if kind == "large":
+        q = (q.float() * LARGE_SCORE_STD).bfloat16()
+    elif kind == "late":
+        u = torch.randint(0, 2, (b, kvh, d), generator=gen, device=gd).float().mul_(2).sub_(1)
+        q = (q.float().reshape(b, kvh, qh // kvh, d) + u[:, :, None, :]).reshape(b, qh, d).bfloat16()
+        last = context_lens.long() - 1
+        rows = torch.arange(b, device=gd)
+        pages, slots = block_table[rows, last // ps].long(), last % ps
+        k_cache[pages, slots] = (k_cache[pages, slots].float() + u * (LATE_SCORE / math.sqrt(d))).bfloat16()
     inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table, "context_lens": context_lens}
     return {k: v.to(device) for k, v in inputs.items()}
 

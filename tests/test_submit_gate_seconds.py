@@ -1,0 +1,119 @@
+"""Undecided gates are actionable: `submit --gate-seconds N` (1..30) sets one decision's timing cap and
+is recorded in the attempt; an undecided verdict's reason ends with what would decide it; the identical
+patch already judged not faster (or slower) against the same best is refused without timing, while a
+re-submit after 'undecided' is allowed. Nothing here depends on a timing gain."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.gate import MAX_GATE_SECONDS, Gate
+from tests.session_repo import KEY, ROOT, WASTE, make_repo
+from tests.test_gate_judge import TASK, report, shape
+from tools.agent_tools import SubmitInput, session_toolbox
+
+
+@pytest.fixture(scope="module")
+def gate():
+    return Gate(TASK, "kernels/matmul_cpu")
+
+
+def test_undecided_reason_says_how_many_seconds_decide(gate):
+    # x1.03 [0.99, 1.07] after 200 pairs in 1 s: half-width ~0.039 in log, 0.0196 from the x1.010 threshold
+    v = gate.judge(report(shape("sq192", 1.03, 0.99, 1.07), shape("wide", 1.03, 0.99, 1.07),
+                          speedup=1.03, lo=0.99, hi=1.07, stopped="time cap"))
+    assert v.stage == "undecided" and "undecided (noisy machine)" in v.reason
+    m = re.search(r"re-submit the same change with --gate-seconds (\d+) \(MCP: gate_seconds=(\d+)\): about (\d+) pairs "
+                  r"instead of 200", v.reason)
+    assert m, v.reason
+    seconds = int(m.group(1))
+    assert m.group(2) == m.group(1) and 4 <= seconds <= 6  # (0.039/0.0196)^2 = 3.96 x 1.2 margin -> 5 s
+
+
+def test_undecided_at_the_threshold_says_move_on(gate):
+    v = gate.judge(report(shape("sq192", 1.011, 0.95, 1.07), shape("wide", 1.011, 0.95, 1.07),
+                          speedup=1.0101, lo=0.95, hi=1.07, stopped="time cap"))
+    assert v.stage == "undecided"
+    assert f"even --gate-seconds {MAX_GATE_SECONDS} (the most) would likely not" in v.reason
+
+
+def test_gate_seconds_validated():
+    assert SubmitInput(title="abc", gate_seconds=12).gate_seconds == 12
+    box = session_toolbox(None)
+    for bad in (0.5, 31):
+        res = box.call("submit", {"title": "a change", "gate_seconds": bad})
+        assert not res.ok and "gate_seconds" in res.text and ("30" in res.text or "1" in res.text), res.text
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cli = subprocess.run([sys.executable, "-m", "agent.cli", "submit", "-m", "x", "--gate-seconds", "40"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert cli.returncode == 2 and "--gate-seconds" in cli.stderr and "30" in cli.stderr, cli.stderr
+
+
+@pytest.fixture()
+def service(tmp_path, monkeypatch):
+    from agent.gate import GateConfig
+    from agent.policies.base import Budget
+    from agent.session_service import SessionService
+
+    monkeypatch.setenv("KLOOP_CACHE", os.environ.get("KLOOP_CACHE", str(tmp_path / "cache")))
+    task = make_repo(tmp_path)
+    svc = SessionService.start(task, "cli", Budget(), runs_root=tmp_path / "runs", gate_config=GateConfig(max_seconds=2))
+    assert svc.ensure_best() is None
+    yield svc
+    svc.close()
+
+
+def _attempts(svc):
+    return [e for e in svc.session.events() if e.kind == "attempt_started"]
+
+
+@pytest.mark.slow
+def test_a_slower_change_resubmitted_identically_is_refused(service):
+    src = service.session.ws.task_path / "matmul.cpp"
+    base_text = src.read_text()
+    slower = base_text.replace(WASTE[2], WASTE[2] + WASTE[2] + WASTE[2])  # 6 products instead of 4: x0.67
+    src.write_text(slower)
+    first = service.call("submit", {"title": "Compute the product six times", "gate_seconds": 2})
+    assert first.event == "rejected" and first.data["stage"] == "timing", first.text
+    assert first.data["reason"].startswith("regression beyond"), first.text
+    assert _attempts(service)[-1].gate_seconds == 2 and _attempts(service)[-1].best_commit == service.session.best_commit
+
+    src.write_text(slower)  # the same change again, hoping for a luckier timing
+    again = service.call("submit", {"title": "Same again, longer", "gate_seconds": 10})
+    assert not again.ok and again.event == "refused" and again.text.startswith("not run:"), again.text
+    assert "attempt 1" in again.text and "optional stopping" in again.text and "regression" in again.text
+    assert len(_attempts(service)) == 1  # no attempt spent, nothing timed
+    assert src.read_text() == slower  # the worktree is left as it was
+
+    src.write_text(slower.replace(WASTE[0], ""))  # a different change is judged as usual
+    third = service.call("submit", {"title": "Five products"})
+    assert third.event in ("accepted", "rejected") and len(_attempts(service)) == 2
+    assert _attempts(service)[-1].gate_seconds is None
+
+
+@pytest.mark.slow
+def test_a_a_submit_then_identical_resubmit(service):
+    """A/A: a comment-only change times like the best. Not faster or undecided (or, rarely, anything
+    else); the identical re-submit is refused after 'not faster', allowed after 'undecided'."""
+    src = service.session.ws.task_path / "matmul.cpp"
+    changed = src.read_text() + "// a comment: the same code\n"
+    src.write_text(changed)
+    first = service.call("submit", {"title": "A comment only", "gate_seconds": 1})
+    reason = first.data["reason"]
+    src.write_text(changed)
+    again = service.call("submit", {"title": "A comment only, again", "gate_seconds": 3})
+    if first.data["stage"] == "timing" and reason.startswith(("not measurably faster", "regression beyond")):
+        assert again.event == "refused" and "attempt 1" in again.text, again.text
+        assert len(_attempts(service)) == 1
+    elif first.data["stage"] == "undecided":
+        assert "--gate-seconds" in reason
+        assert again.event in ("accepted", "rejected") and len(_attempts(service)) == 2, again.text
+        assert _attempts(service)[-1].gate_seconds == 3
+    else:  # accepted by chance (the gate allows <= 1% of A/A pairs through): nothing to refuse then
+        assert first.event == "accepted"
