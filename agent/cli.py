@@ -13,6 +13,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agent.locations import shipped_tasks_dir
@@ -96,7 +97,10 @@ def parse_knobs(items: list[str] | None) -> dict[str, str]:
 
 
 def emit_json(data) -> None:
-    sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
+    """Strict JSON on stdout (NaN/Inf as null)."""
+    from tools.fmt import json_safe
+
+    sys.stdout.write(json.dumps(json_safe(json.loads(json.dumps(data, default=str))), indent=1, allow_nan=False) + "\n")
 
 
 # ---- tasks, new ---------------------------------------------------------------------------------
@@ -288,6 +292,8 @@ class Progress:
         self.status = StageStatus(err_console)
 
     def __call__(self, event) -> None:
+        from tools.fmt import fmt_num
+
         kind = event.kind
         if kind == "stage":
             self._stage(event)
@@ -295,17 +301,17 @@ class Progress:
         if kind in ("verdict", "baseline", "session_ended", "attempt_started", "llm_turn"):
             self.status.stop()
         if kind == "llm_turn":
-            line = f"[dim]turn {event.turn}[/] {event.stop_reason} ${event.cost_usd:.4f}" + (
-                f" (total ${event.total_cost_usd:.2f})" if event.total_cost_usd is not None else "")
+            line = f"[dim]turn {event.turn}[/] {escape(str(event.stop_reason))} ${fmt_num(event.cost_usd)}" + (
+                f" (total ${fmt_num(event.total_cost_usd, '.2f')})" if event.total_cost_usd is not None else "")
         elif kind == "tool_call":
-            line = f"  {'[green]' if event.ok else '[red]'}{event.name}[/] {event.duration_s:.1f} s"
+            line = f"  {'[green]' if event.ok else '[red]'}{escape(event.name)}[/] {fmt_num(event.duration_s, '.1f')} s"
         elif kind == "attempt_started":
-            line = f"[bold]attempt {event.attempt}[/]: {event.title}"
+            line = f"[bold]attempt {event.attempt}[/]: {escape(event.title)}"
         elif kind == "verdict":
-            line = f"  {'[green]accepted[/]' if event.accepted else '[red]rejected[/]'}: {event.reason[:300]}"
+            line = f"  {'[green]accepted[/]' if event.accepted else '[red]rejected[/]'}: {escape(event.reason[:300])}"
             stages = (getattr(event, "figures", None) or {}).get("stage_seconds") or {}
-            if stages:  # where the decision's seconds went
-                line += "\n  [dim]" + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()) + " s[/]"
+            if stages and isinstance(stages, dict):  # where the decision's seconds went
+                line += "\n  [dim]" + escape(", ".join(f"{k} {fmt_num(v, '.1f')}" for k, v in stages.items())) + " s[/]"
         elif kind == "baseline":
             line = "baseline built, checked and timed"
         elif kind == "llm_retry":
@@ -495,6 +501,7 @@ def runs(runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List runs: task, policy, started, attempts, accepted, best speedup."""
     from agent.records import list_runs
+    from tools.fmt import fmt_num
 
     rows = list_runs(_runs_root(runs_dir))
     if as_json:
@@ -507,8 +514,8 @@ def runs(runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
         table.add_column(col)
     for r in rows:
         state = r.error or (f"ended: {r.end_reason}" if r.ended else "open (resume it)")
-        table.add_row(r.run_id, r.task or "", r.policy or "", f"{r.started_at:%Y-%m-%d %H:%M}" if r.started_at else "",
-                      str(r.attempts), str(r.accepted), f"x{r.best_speedup:.3f}" if r.best_speedup else "-", state)
+        table.add_row(escape(r.run_id), escape(r.task or ""), escape(r.policy or ""), f"{r.started_at:%Y-%m-%d %H:%M}" if r.started_at else "",
+                      str(r.attempts), str(r.accepted), f"x{fmt_num(r.best_speedup, '.3f')}" if r.best_speedup else "-", escape(state))
     console.print(table)
 
 
@@ -541,9 +548,11 @@ def _numbers(row: dict) -> dict:
     import re
 
     def num(text):
+        from tools.fmt import real
+
         try:
-            return float(text) if text is not None else None
-        except ValueError:
+            return real(float(text)) if text is not None else None
+        except (TypeError, ValueError):
             return None
 
     out = dict(row)
@@ -554,8 +563,8 @@ def _numbers(row: dict) -> dict:
     times = {}
     for shape, text in row.get("times", {}).items():
         m = re.match(rf"{_NUM}ms -> {_NUM}ms \(x{_NUM}, {_NUM}\.\.{_NUM}, (\d+) pairs\)", text)
-        times[shape] = {"best_ms": float(m[1]), "candidate_ms": float(m[2]), "speedup": float(m[3]),
-                        "ci95": [float(m[4]), float(m[5])], "pairs": int(m[6])} if m else {"text": text}
+        times[shape] = {"best_ms": num(m[1]), "candidate_ms": num(m[2]), "speedup": num(m[3]),
+                        "ci95": [num(m[4]), num(m[5])], "pairs": int(m[6])} if m else {"text": text}
     out["times"] = times
     regs = {}
     for kernel, text in row.get("registers", {}).items():
@@ -584,10 +593,11 @@ def _print_log(run_dir: Path, as_json: bool) -> None:
         table.add_column(col)
     total = 1.0
     for r in rows:
-        total *= float(r["speedup"] or 1)
-        table.add_row(r["commit"][:10], r["title"], f"x{r['speedup']} [{r['ci95']}]",
-                      "\n".join(f"{k}: {v.split(' (')[0]}" for k, v in r["times"].items()),
-                      "\n".join(f"{k}: {v}" for k, v in r["registers"].items()))
+        sp = _numbers(r)["speedup"]
+        total *= sp if sp and sp > 0 else 1.0
+        table.add_row(r["commit"][:10], escape(r["title"]), escape(f"x{r['speedup']} [{r['ci95']}]"),
+                      escape("\n".join(f"{k}: {v.split(' (')[0]}" for k, v in r["times"].items())),
+                      escape("\n".join(f"{k}: {v}" for k, v in r["registers"].items())))
     console.print(table)
     console.print(f"{len(rows)} accepted; compounded speedup x{total:.3f} over the base" if rows else "no accepted changes")
 
@@ -604,7 +614,7 @@ def log(run: str = typer.Argument("last", help="Run id, run folder, 'last', or a
             emit_json([_numbers(r) for r in rows])
         else:
             for r in rows:
-                console.print(f"{r['commit'][:10]} x{r['speedup']} [{r['ci95']}] {r['title']}", highlight=False)
+                console.print(escape(f"{r['commit'][:10]} x{r['speedup']} [{r['ci95']}] {r['title']}"), highlight=False)
         return
     _print_log(resolve_run(run, runs_dir), as_json)
 
@@ -632,19 +642,19 @@ def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), ru
     if as_json:
         emit_json({"run": info.model_dump(mode="json"), "attempts": [a.__dict__ for a in attempts]})
         return
-    console.print(f"run [bold]{info.run_id}[/]: task {info.task}, policy {info.policy}, branch {info.branch}, "
-                  f"base {info.base_commit[:10]}; measured on {info.machine.get('name', '?')}", highlight=False)
+    console.print(escape(f"run {info.run_id}: task {info.task}, policy {info.policy}, branch {info.branch}, "
+                         f"base {info.base_commit[:10]}; measured on {info.machine.get('name', '?')}"), highlight=False)
     table = Table()
     for col in ("#", "title", "verdict", "speedup [95% CI]", "reason"):
         table.add_column(col)
     for a in attempts:
         verdict = "[yellow]interrupted[/]" if a.accepted is None else ("[green]accepted[/]" if a.accepted else "[red]rejected[/]")
         spt = fmt_speedup(a.figures.get("speedup"), a.figures.get("speedup_lo"), a.figures.get("speedup_hi"))
-        table.add_row(str(a.number), a.title, verdict, spt, a.reason[:400])
+        table.add_row(str(a.number), escape(a.title), verdict, escape(spt), escape(a.reason[:400]))
     console.print(table)
     ended = [e for e in events if e.kind == "session_ended"]
     if ended:
-        console.print(f"ended: {ended[-1].reason}")
+        console.print(escape(f"ended: {ended[-1].reason}"), highlight=False)
 
 
 def _show_attempt(record, attempts, number: int, diff: bool, as_json: bool) -> None:
@@ -666,11 +676,11 @@ def _show_attempt(record, attempts, number: int, diff: bool, as_json: bool) -> N
             err_console.print(f"(attempt {number}'s patch is empty: nothing changed against the best)")
         return
     verdict = "interrupted" if a.accepted is None else ("accepted" if a.accepted else "rejected")
-    console.print(f"[bold]attempt {a.number}[/]: {a.title}\n{verdict}: {a.reason}", highlight=False)
+    console.print(f"[bold]attempt {a.number}[/]: {escape(a.title)}\n{verdict}: {escape(a.reason)}", highlight=False)
     if a.rationale:
-        console.print(f"rationale: {a.rationale}", highlight=False)
+        console.print(escape(f"rationale: {a.rationale}"), highlight=False)
     if a.knobs:
-        console.print("knobs: " + " ".join(f"{k}={v}" for k, v in a.knobs.items()), highlight=False)
+        console.print(escape("knobs: " + " ".join(f"{k}={v}" for k, v in a.knobs.items())), highlight=False)
     if a.commit:
         console.print(f"commit: {a.commit}", highlight=False)
     console.print(f"patch: kloop show {record.info.run_id} {a.number} --diff", highlight=False)
@@ -683,7 +693,7 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Re-apply each recorded attempt from the recorded base, re-run the gate here, compare verdicts."""
     from agent.replay import replay as do_replay
-    from tools.fmt import fmt_speedup
+    from tools.fmt import fmt_num, fmt_speedup
 
     run_dir = resolve_run(run, runs_dir)
     report = do_replay(run_dir, repo=repo, on_row=None if as_json else
@@ -695,12 +705,12 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
         for col in ("#", "title", "recorded", "replayed", "agree", "replayed reason"):
             table.add_column(col)
         for r in report.rows:
-            rec_txt = ("accepted" if r.recorded_accepted else "rejected") + (f" x{r.recorded_speedup:.4f}" if r.recorded_speedup else "")
+            rec_txt = ("accepted" if r.recorded_accepted else "rejected") + (f" x{fmt_num(r.recorded_speedup)}" if r.recorded_speedup else "")
             rep_txt = ("accepted" if r.replayed_accepted else f"rejected ({r.replayed_stage})") + (
                 " " + fmt_speedup(r.replayed_speedup, r.replayed_lo, r.replayed_hi) if r.replayed_speedup else "")
             agree = "n/a (interrupted)" if r.interrupted else ("yes" if r.agrees else "[red]FLIPPED[/]")
-            table.add_row(str(r.attempt), r.title, rec_txt, rep_txt, agree,
-                          ("[red]NO LONGER CORRECT[/] " if r.broken else "") + r.replayed_reason[:300])
+            table.add_row(str(r.attempt), escape(r.title), escape(rec_txt), escape(rep_txt), agree,
+                          ("[red]NO LONGER CORRECT[/] " if r.broken else "") + escape(r.replayed_reason[:300]))
         console.print(table)
         console.print(f"recorded on: {report.recorded_machine}\nreplayed on: {report.replay_machine or 'n/a'}", highlight=False)
         summary = Table(title="summary", title_justify="left", show_header=False)
@@ -712,6 +722,66 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
         console.print(summary)
         console.print("[green]every verdict reproduced[/]" if report.ok else "[red]verdicts flipped: the run does not replay here[/]")
     if not report.ok:
+        raise typer.Exit(EXIT_FAILURE)
+
+
+@app.command("audit")
+def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix), run folder, 'last', or a branch kloop/<run-id>."),
+              runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+              repo: Optional[Path] = typer.Option(None, help="Repository holding the branch (default: the current directory's; for a run: as recorded)."),
+              no_timing: bool = typer.Option(False, "--no-timing", help="Scope, static rules, build, audit and check only (no paired timing)."),
+              seconds: Optional[float] = typer.Option(None, help="Timing seconds per commit (default: the run's gate setting).", callback=_at_least(0, True)),
+              as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Today's gate over every accepted commit of a run: which would now be rejected, and why (exit 1 if any)."""
+    from agent.reaudit import LAYERS, AuditInputError, audit, target_from_branch, target_from_run
+    from agent.workspace import WorkspaceError, find_repo
+
+    try:
+        if run.startswith("kloop/"):
+            where = Path(repo or Path.cwd()).expanduser()
+            top = find_repo(where) if where.exists() else None
+            if top is None:
+                fail(f"{where} is not inside a git repository: pass --repo for branch {run}")
+            roots = [_runs_root(runs_dir, top) if runs_dir else _runs_root(None, top / ".")]
+            if top.parent.name == "_tasks":  # a shipped task's own repository: <runs>/_tasks/<name>
+                roots.append(top.parent.parent)
+            target = target_from_branch(top, run, roots)
+        else:
+            target = target_from_run(resolve_run(run, runs_dir), repo)
+        from tools.sandbox import status as sandbox_status
+
+        _print_sandbox(sandbox_status().as_dict())  # the commits' kernels run here (check, timing)
+        report = audit(target, no_timing=no_timing, seconds=seconds, on_row=None if as_json else (
+            lambda r: err_console.print(f"  audited {r.commit[:10]} {r.title[:50]}: "
+                                        + ("[red]would now be rejected[/]" if r.rejected else "[green]passes[/]"), highlight=False)))
+    except AuditInputError as exc:
+        fail(str(exc))
+    except WorkspaceError as exc:
+        fail(str(exc), code=EXIT_FAILURE)
+    if as_json:
+        emit_json(report.model_dump(mode="json") | {"rejected": len(report.rejected), "total": len(report.rows),
+                                                    "summary": report.summary()})
+    else:
+        table = Table(title=escape(f"audit of {report.branch} (base {report.base[:10]}, {report.task_rel}; from the {report.source})"),
+                      title_justify="left")
+        table.add_column("commit", no_wrap=True)
+        table.add_column("title", max_width=40)
+        for col in LAYERS:
+            table.add_column(col, no_wrap=True)
+        table.add_column("gain here")
+        table.add_column("reason", ratio=1, min_width=30)
+        for r in report.rows:
+            cells = [{"ok": "[green]ok[/]", "FAIL": "[bold red]FAIL[/]"}.get(r.stages.get(k, ""), "[dim]-[/]") for k in LAYERS]
+            why = escape(r.reason[:300]) if r.rejected else ""
+            if r.note:
+                why = (why + "\n" if why else "") + f"[dim]{escape(r.note)}[/]"
+            table.add_row(r.commit[:10], escape(r.title), *cells, escape(r.gain), why)
+        console.print(table)
+        if report.not_run:
+            console.print(f"[yellow]{report.not_run}[/]", highlight=False)
+        console.print(f"audited on: {report.machine or 'n/a'}", highlight=False)
+        console.print(("[red]" if report.rejected else "[green]") + report.summary() + "[/]", highlight=False)
+    if report.rejected:
         raise typer.Exit(EXIT_FAILURE)
 
 

@@ -31,11 +31,15 @@ from tools.task import KNOBS_FILE, TaskError, load_task
 from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_task_build
 from tools.build import BuildResult, build
 from tools.check import format_check
-from tools.fmt import fmt_ms, fmt_speedup
+from tools.fmt import fmt_ms, fmt_num, fmt_speedup
 from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest
 from tools.runner import StandbySlot, run_worker
 
-Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "accepted", "interrupted"]
+Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "accepted", "interrupted", "partial"]
+# how far `Gate.evaluate` goes: every layer ("timing"), or stop after the check or after the audit of
+# what was built (`kloop audit --no-timing`, or a CUDA task on a machine without a GPU). A candidate
+# that passes every layer run is never accepted by a partial evaluation: its stage is "partial".
+Upto = Literal["timing", "check", "audit"]
 UNDECIDED = "undecided (noisy machine)"
 MIN_GATE_SECONDS, MAX_GATE_SECONDS = 1, 30  # the timing cap an agent may ask for one decision (submit --gate-seconds)
 
@@ -104,7 +108,7 @@ class Verdict(BaseModel):
             for s in self.ab.shapes:
                 lines.append(f"  {s.shape}: {fmt_ms(s.time_a)} -> {fmt_ms(s.time_b)}, "
                              f"{fmt_speedup(s.speedup, s.speedup_lo, s.speedup_hi)} ({s.pairs} pairs)")
-            lines.append(f"  timing: {self.ab.pairs} pairs in {self.ab.timing_seconds:.1f} s ({self.ab.stopped_because})")
+            lines.append(f"  timing: {self.ab.pairs} pairs in {fmt_num(self.ab.timing_seconds, '.1f')} s ({self.ab.stopped_because})")
         if self.check and not self.check.passed:
             lines.append(format_check(self.check))
         if self.stage_seconds:
@@ -115,11 +119,12 @@ class Verdict(BaseModel):
 
     def stages_line(self) -> str:
         """One line: where this decision's seconds went."""
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in self.stage_seconds.items())
+        parts = ", ".join(f"{k} {fmt_num(v, '.2f')}" for k, v in self.stage_seconds.items())
         judge = {"cold": "judge started cold", "warming": "judge pre-started, still warming",
                  "ready": "judge pre-started and ready"}.get(self.judge or "", "")
-        total = self.seconds or sum(self.stage_seconds.values())  # judge_built alone sets no total
-        return f"seconds: {total:.2f} = {parts}" + (f" ({judge})" if judge else "")
+        # judge_built alone sets no total
+        total = self.seconds or sum(v for v in self.stage_seconds.values() if isinstance(v, (int, float)))
+        return f"seconds: {fmt_num(total, '.2f')} = {parts}" + (f" ({judge})" if judge else "")
 
 
 @dataclass
@@ -218,9 +223,12 @@ class Gate:
         return audit_task_build(self.task, Path(built.build_dir))
 
     # -- the whole evaluation --------------------------------------------------------------------
-    def evaluate(self, cand: Candidate, best: BuildResult | None, max_seconds: float | None = None) -> Verdict:
+    def evaluate(self, cand: Candidate, best: BuildResult | None, max_seconds: float | None = None,
+                 upto: Upto = "timing") -> Verdict:
         """Judge a candidate against the best build (None: a baseline evaluation, no timing).
-        `max_seconds`: this decision's timing cap (default: the config's)."""
+        `max_seconds`: this decision's timing cap (default: the config's). `upto` "check" or "audit"
+        stops after that layer (the best then only says whether anything changed); what passes comes
+        back rejected at stage "partial", never accepted."""
         started = time.monotonic()
         stages: dict[str, float] = {}
         clock = [started]
@@ -282,7 +290,13 @@ class Gate:
         if not audited.ok:
             return done(Verdict(accepted=False, stage="build", build=built, audit=audited,
                                 reason="audit of what was built: " + audited.reason()))
-        verdict = self.judge_built(built, best, max_seconds=max_seconds)
+        if upto == "audit":
+            return done(Verdict(accepted=False, stage="partial", build=built, audit=audited,
+                                reason="scope, static rules, build and audit pass; check and timing not run"))
+        verdict = self.judge_built(built, best if upto == "timing" else None, max_seconds=max_seconds)
+        if upto != "timing" and verdict.accepted:
+            verdict = verdict.model_copy(update=dict(accepted=False, stage="partial",
+                                                     reason="correct on fresh inputs; timing not run"))
         clock[0] = time.monotonic()
         return done(verdict)
 
@@ -373,40 +387,62 @@ class Gate:
         m = self.task.manifest
         common = dict(evidence, ab=ab, speedup=ab.speedup, speedup_lo=ab.speedup_lo, speedup_hi=ab.speedup_hi,
                       min_gain=m.min_gain)
+        problem = self.integrity_problem(ab)
+        if problem is not None:
+            stage, reason = problem
+            return Verdict(accepted=False, stage=stage, **common, reason=reason)
+        return self._speed_verdict(ab, common)
+
+    def integrity_problem(self, ab: ABReport) -> tuple[Stage, str] | None:
+        """What the timing integrity layers find in a paired-timing report, before any speed question
+        (None: nothing): wrong timed outputs, no shape measured, a time below the physics floor, probes
+        missing or not finite (fail closed), work escaping the timed region, a speedup that is not
+        finite, the best far slower than its recorded time. `kloop audit` asks this alone."""
         wrong = [s for s in ab.shapes if not s.timed_outputs_ok]
         if wrong:
-            return Verdict(accepted=False, stage="timing", **common,
-                           reason="outputs of timed calls are wrong: " + "; ".join(f"{s.shape}: {s.timed_outputs_problem}" for s in wrong))
+            return "timing", "outputs of timed calls are wrong: " + "; ".join(
+                f"{s.shape}: {s.timed_outputs_problem}" for s in wrong)
         if not ab.shapes:
-            return Verdict(accepted=False, stage="timing", **common, reason="timing measured no shape")
+            return "timing", "timing measured no shape"
+        known = {sh.name for sh in self.task.bench_shapes}
+        unknown = [s.shape for s in ab.shapes if s.shape not in known]
+        if unknown:  # fail closed: no allowance or weight of the task's applies to them
+            return "timing", ("timing reported shapes the task does not time: " + ", ".join(repr(u) for u in unknown[:5])
+                              + f" (its bench shapes: {', '.join(sorted(known))})")
         impossible = [s for s in ab.shapes if _finite(s.floor_s) and _finite(s.time_b) and s.time_b < s.floor_s]
         if impossible:
-            return Verdict(accepted=False, stage="timing", **common, reason="faster than physics allows (cached, skipped or mis-timed work): " + "; ".join(
-                f"{s.shape}: {_us(s.time_b)} per call, below the roofline floor of {_us(s.floor_s)}" for s in impossible))
+            return "timing", "faster than physics allows (cached, skipped or mis-timed work): " + "; ".join(
+                f"{s.shape}: {_us(s.time_b)} per call, below the roofline floor of {_us(s.floor_s)}" for s in impossible)
         unmeasured = [s for s in ab.shapes if not _integrity_measured(s)]
+        unmeasured += [s for s in ab.shapes if s not in unmeasured and not (s.time_a > 0 and s.time_b > 0)]
         if unmeasured:
-            return Verdict(accepted=False, stage="timing", **common, reason=(
-                "integrity probes missing or not finite (cannot rule out work outside the timed region) on "
-                + ", ".join(s.shape for s in unmeasured)))
+            return "timing", ("integrity probes missing or not finite (cannot rule out work outside the timed region) on "
+                              + ", ".join(s.shape for s in unmeasured))
         escaped = [s for s in ab.shapes if self._escaped(s)]
         if escaped:
-            return Verdict(accepted=False, stage="timing", **common, reason="work outside the timed region (other streams, host threads or work after return): " + "; ".join(
+            return "timing", "work outside the timed region (other streams, host threads or work after return): " + "; ".join(
                 f"{s.shape}: {_us(s.extra_b)} per call outside the timed region vs {_us(s.extra_a)} for the best, "
                 f"of which after return {_us(s.after_return_b)} vs {_us(s.after_return_a)} "
                 f"(timed {_us(s.time_b)} vs {_us(s.time_a)}; wall until idle {_us(s.wall_b)} vs {_us(s.wall_a)}; "
-                f"{s.probes} cold probes each)" for s in escaped))
-        if not all(_finite(x) for x in (ab.speedup, ab.speedup_lo, ab.speedup_hi,
-                                        *(v for s in ab.shapes for v in (s.speedup, s.speedup_lo, s.speedup_hi)))):
-            return Verdict(accepted=False, stage="undecided", **common, reason=(
-                f"{UNDECIDED}: the speedup is not finite. To decide: re-submit the same change with a longer gate "
-                f"(--gate-seconds {min(MAX_GATE_SECONDS, math.ceil(2 * (ab.timing_seconds or self.config.max_seconds)))}; "
-                "MCP: gate_seconds)"))
+                f"{s.probes} cold probes each)" for s in escaped)
+        if not all(_finite(x) and x > 0 for x in (ab.speedup, ab.speedup_lo, ab.speedup_hi,
+                                                  *(v for s in ab.shapes for v in (s.speedup, s.speedup_lo, s.speedup_hi)))):
+            spent = ab.timing_seconds if _finite(ab.timing_seconds) and ab.timing_seconds > 0 else self.config.max_seconds
+            return "undecided", (
+                f"{UNDECIDED}: the speedup is not finite and positive. To decide: re-submit the same change with a longer "
+                f"gate (--gate-seconds {min(MAX_GATE_SECONDS, math.ceil(2 * spent))}; MCP: gate_seconds)")
         sabotaged = [s for s in ab.shapes if _finite(s.baseline_a) and s.baseline_a > 0
                      and s.time_a > self.config.best_slowdown_limit * s.baseline_a]
         if sabotaged:
-            return Verdict(accepted=False, stage="undecided", **common, reason="undecided: best slower than its baseline ("
-                           "the machine is far noisier than when the best was measured, or something slows the best): " + "; ".join(
-                f"{s.shape}: best {_us(s.time_a)} now vs {_us(s.baseline_a)} when accepted" for s in sabotaged))
+            return "undecided", ("undecided: best slower than its baseline ("
+                                 "the machine is far noisier than when the best was measured, or something slows the best): "
+                                 + "; ".join(f"{s.shape}: best {_us(s.time_a)} now vs {_us(s.baseline_a)} when accepted"
+                                             for s in sabotaged))
+        return None
+
+    def _speed_verdict(self, ab: ABReport, common: dict) -> Verdict:
+        """The speed question, once the integrity layers found nothing."""
+        m = self.task.manifest
         allowed = {s.shape: 1 - self.task.allowance(self.task.shape(s.shape)) for s in ab.shapes}
         regressed = [s for s in ab.shapes if s.speedup_hi < allowed[s.shape]]
         if regressed:
@@ -446,7 +482,7 @@ class Gate:
         factors = [factor(ab.speedup, ab.speedup_lo, ab.speedup_hi, needed)]
         factors += [factor(s.speedup, s.speedup_lo, s.speedup_hi, allowed[s.shape]) for s in maybe_regressed]
         grow = max(factors) * 1.2  # a margin: the estimate moves too
-        spent = ab.timing_seconds or self.config.max_seconds
+        spent = ab.timing_seconds if _finite(ab.timing_seconds) and ab.timing_seconds > 0 else self.config.max_seconds
         want = spent * grow
         if want > MAX_GATE_SECONDS:
             return (f"To decide: even --gate-seconds {MAX_GATE_SECONDS} (the most) would likely not: the estimate "
@@ -482,7 +518,7 @@ def _finite(x) -> bool:
 
 
 def _integrity_measured(s) -> bool:
-    return s.probes > 0 and all(_finite(x) for x in (s.extra_a, s.extra_b, s.wall_a, s.wall_b, s.time_a, s.time_b))
+    return isinstance(s.probes, int) and s.probes > 0 and all(_finite(x) for x in (s.extra_a, s.extra_b, s.wall_a, s.wall_b, s.time_a, s.time_b))
 
 
 def _us(x) -> str:

@@ -28,6 +28,7 @@ from mcp.server.lowlevel import Server
 
 from agent import __version__
 from agent.session_service import TOKEN_FILE, SessionService
+from tools.fmt import json_safe
 
 BRIEFING_URI = "kloop://briefing"
 STATUS_URI = "kloop://status"
@@ -61,7 +62,7 @@ def build_server(service: SessionService) -> Server:
         result = await anyio.to_thread.run_sync(service.call, params.name, params.arguments or {})
         structured = None
         if params.name in ("submit", "status") and result.data is not None:
-            structured = json.loads(json.dumps(result.data, default=str))
+            structured = json_safe(json.loads(json.dumps(result.data, default=str)))  # NaN/Inf as null
         return types.CallToolResult(content=[types.TextContent(type="text", text=result.text or "(no output)")],
                                     is_error=not result.ok, structured_content=structured)
 

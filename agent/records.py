@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from tools.fmt import json_safe, real
 from tools.secrets import encodings, is_secret_name
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,11 @@ class SecretLeak(RecordError):
 def _scrubbed_json(data: Any, where: str) -> tuple[str, list[str]]:
     scrubber = SecretScrubber.from_env()
     clean, hits = scrubber.scrub(data)
-    line = json.dumps(clean, ensure_ascii=False, separators=(",", ":"))
+    # strict JSON: a figure that is NaN or Inf (a failed measurement) is written as null, never as a bare
+    # NaN that other JSON readers (browsers, jq) refuse
+    line = json.dumps(json_safe(clean), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    # one event, one line, for any reader: the line breaks JSON leaves raw (U+0085, U+2028, U+2029) escaped
+    line = line.replace("\u0085", "\\u0085").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
     left = scrubber.find(line)
     if left:
         raise SecretLeak(f"{where}: the value of {', '.join(left)} would have been written; refused")
@@ -555,9 +560,9 @@ def summarize(record: RunRecord) -> RunSummary:
             s.attempts += 1
         elif isinstance(ev, Verdict) and ev.accepted:
             s.accepted += 1
-            sp = ev.figures.get("speedup")
-            if isinstance(sp, (int, float)) and not isinstance(sp, bool):
-                speedups.append(float(sp))
+            sp = real(ev.figures.get("speedup"))
+            if sp is not None and sp > 0:
+                speedups.append(sp)
         elif isinstance(ev, SessionEnded):
             s.ended, s.end_reason = True, ev.reason
         elif isinstance(ev, SessionStarted):

@@ -90,14 +90,21 @@ class ReplayBench:
     Implements `tools.port.SessionPort` for the tools it offers: apply_patch, submit (judges, commits
     nothing), adopt (the candidate becomes the state) and revert (the candidate is dropped)."""
 
-    def __init__(self, tmp: Path, repo: Path, info: rec.RunInfo, gate_config: GateConfig):
+    def __init__(self, tmp: Path, repo: Path, info: rec.RunInfo | None, gate_config: GateConfig,
+                 base_commit: str | None = None, task_rel: str | None = None):
+        """The base and the task folder come from `info` (a run record), or are given (`kloop audit` of a
+        branch without its record)."""
+        base_commit = base_commit or info.base_commit
+        task_rel = task_rel if task_rel is not None else info.task_rel
         self._tmp = tmp
-        self._rel = info.task_rel
-        self._trusted = _export(repo, info.base_commit, info.task_rel, tmp / "trusted")
+        self._rel = task_rel
+        self._trusted = _export(repo, base_commit, task_rel, tmp / "trusted")
         self._state = tmp / "state"
-        _export(repo, info.base_commit, info.task_rel, self._state)
-        self._gate = Gate(self._trusted, info.task_rel, gate_config)
+        _export(repo, base_commit, task_rel, self._state)
+        self._gate = Gate(self._trusted, task_rel, gate_config)
         self._best: BuildResult = build(self._gate.task, src_root=self._in_task(self._state))
+        # how far `submit` judges (Gate.evaluate's `upto`): "timing" (everything), "check" or "audit"
+        self.upto = "timing"
         self._cand: Path | None = None
         self._changed: list[str] = []
         self._last: Verdict | None = None
@@ -131,20 +138,32 @@ class ReplayBench:
     def device(self) -> dict | None:
         return None
 
-    def apply_patch(self, patch: str) -> str | None:
+    @property
+    def gate(self) -> Gate:
+        return self._gate
+
+    @property
+    def best_builds(self) -> bool:
+        return self._best.ok
+
+    def apply_patch(self, patch: str, changed: list[str] | None = None) -> str | None:
+        """A fresh candidate: the state with `patch` applied. `changed` (default: the patch's paths) is
+        what the gate's scope rule sees (`kloop audit` applies only the task folder's part of a commit
+        and names every path the commit changed)."""
         self.revert()
         self._n += 1
         self._cand = self._tmp / f"cand{self._n:03d}"
         shutil.copytree(self._state, self._cand, symlinks=True)
-        self._changed = changed_paths(patch)
+        self._changed = list(changed) if changed is not None else changed_paths(patch)
         return _apply(self._cand, patch)
 
     def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None,
                gate_seconds: float | None = None) -> Verdict:
-        if not self._best.ok:
+        if not self._best.ok and self.upto == "timing":
             self._last = Verdict(accepted=False, stage="build", reason="the best does not build here")
             return self._last
-        v = self._gate.evaluate(Candidate(self.files_root, self._changed), self._best, max_seconds=gate_seconds)
+        v = self._gate.evaluate(Candidate(self.files_root, self._changed), self._best, max_seconds=gate_seconds,
+                                upto=self.upto)
         if v.device and not self.machine:
             self.machine = v.device.label() + (f"; {v.build.compiler}" if v.build else "")
         self._last = v

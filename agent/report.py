@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tools.task import Task
-from tools.fmt import fmt_rate, fmt_time, kernel_names
+from tools.fmt import fmt_num, fmt_rate, fmt_time, kernel_names, real
 from tools.build import format_build
 from tools.evaluate import EvalReport
 
@@ -15,28 +16,26 @@ SASS_FAMILIES_SHOWN = 12
 
 def print_eval(console: Console, task: Task, report: EvalReport) -> None:
     b = report.build
-    console.print(f"[bold]{task.name}[/] ({task.target}{', ' + task.manifest.arch if task.target == 'cuda' else ''}) "
-                  f"from {task.root}")
+    console.print(f"[bold]{escape(task.name)}[/] ({task.target}{', ' + task.manifest.arch if task.target == 'cuda' else ''}) "
+                  f"from {escape(str(task.root))}")
     if not b.ok:
-        console.print(f"[bold red]build failed[/] ({b.compiler})")
+        console.print(f"[bold red]build failed[/] ({escape(b.compiler)})")
         console.print(b.error_text(), markup=False, highlight=False)
         return
-    console.print(format_build(b).splitlines()[0] + (f"  knobs: {_knobs(b.knobs)}" if b.knobs else ""), highlight=False)
+    console.print(escape(format_build(b).splitlines()[0] + (f"  knobs: {_knobs(b.knobs)}" if b.knobs else "")), highlight=False)
     if b.kernels:
         t = Table(title="ptxas: resources per kernel", title_justify="left")
         for col in ("kernel", "regs", "spill st/ld B", "stack B", "smem B", "barriers"):
             t.add_column(col, justify="right" if col != "kernel" else "left")
         for k, short in zip(b.kernels, kernel_names([k.name for k in b.kernels])):
             spills = f"{k.spill_store_bytes}/{k.spill_load_bytes}"
-            t.add_row(short, str(k.registers), f"[red]{spills}[/]" if k.spill_store_bytes + k.spill_load_bytes else spills,
+            t.add_row(escape(short), str(k.registers), f"[red]{spills}[/]" if k.spill_store_bytes + k.spill_load_bytes else spills,
                       str(k.stack_bytes), str(k.smem_bytes), str(k.barriers))
         console.print(t)
     for w in b.warnings:
-        console.print(f"[yellow]ptxas:[/] {w}", highlight=False)
+        console.print(f"[yellow]ptxas:[/] {escape(w)}", highlight=False)
     if report.audit is not None or report.audit_error:
         from tools.audit import audit_line
-
-        from rich.markup import escape
 
         line = audit_line(report.audit, report.audit_error)
         ok = report.audit is not None and report.audit.ok
@@ -44,17 +43,17 @@ def print_eval(console: Console, task: Task, report: EvalReport) -> None:
     if report.sass:
         print_sass(console, report.sass)
     elif report.sass_error:
-        console.print(f"[yellow]SASS unavailable:[/] {report.sass_error}", highlight=False)
+        console.print(f"[yellow]SASS unavailable:[/] {escape(report.sass_error)}", highlight=False)
     if report.check_error and not report.check:
-        console.print(f"[yellow]check not run:[/] {report.check_error}", highlight=False)
+        console.print(f"[yellow]check not run:[/] {escape(report.check_error)}", highlight=False)
     if report.check:
         print_check(console, report)
     if report.bench_error:
-        console.print(f"[red]timing failed:[/] {report.bench_error}", highlight=False)
+        console.print(f"[red]timing failed:[/] {escape(report.bench_error)}", highlight=False)
     if report.bench:
         print_bench(console, report)
     if report.device:
-        console.print(f"measured on: {report.device.label()}; compiler {b.compiler}", highlight=False)
+        console.print(escape(f"measured on: {report.device.label()}; compiler {b.compiler}"), highlight=False)
 
 
 def print_sass(console: Console, sass: dict) -> None:
@@ -68,35 +67,35 @@ def print_sass(console: Console, sass: dict) -> None:
         fams = s.get("families", {})
         top = sorted(fams.items(), key=lambda kv: -kv[1])[:SASS_FAMILIES_SHOWN]
         memory = s.get("memory", {})
-        t.add_row(short, str(s.get("total", "")), ", ".join(f"{k} {v}" for k, v in top),
-                  ", ".join(f"{k} {v}" for k, v in memory.items()))
+        t.add_row(escape(short), str(s.get("total", "")), escape(", ".join(f"{k} {v}" for k, v in top)),
+                  escape(", ".join(f"{k} {v}" for k, v in memory.items())))
     console.print(t)
     for (name, s), short in zip(sass.items(), shorts):
         for w in s.get("warnings", []):
-            console.print(f"[yellow]SASS {short}:[/] {w}", highlight=False)
+            console.print(f"[yellow]SASS {escape(short)}:[/] {escape(str(w))}", highlight=False)
 
 
 def print_check(console: Console, report: EvalReport) -> None:
     c = report.check
-    t = Table(title=f"correctness ({'[green]PASSED[/]' if c.passed else '[red]FAILED[/]'}, {c.seconds:.1f} s)",
+    t = Table(title=f"correctness ({'[green]PASSED[/]' if c.passed else '[red]FAILED[/]'}, {fmt_num(c.seconds, '.1f')} s)",
               title_justify="left")
     for col in ("shape", "call", "output", "max abs", "max rel", "norm rel", "bad", "verdict"):
         t.add_column(col, justify="left" if col in ("shape", "output", "verdict") else "right")
     for s in c.shapes:
         if s.error:
-            t.add_row(s.shape, str(s.round), "-", "", "", "", "", f"[red]FAIL[/] {s.error}")
+            t.add_row(escape(s.shape), str(s.round), "-", "", "", "", "", f"[red]FAIL[/] {escape(s.error)}")
             continue
         for o in s.outputs:
             why = o.problem or ""
             if o.nonfinite:
                 why += f"{o.nonfinite} NaN/Inf "
             if o.mismatches:
-                why += f"worst {o.worst_index}: got {o.worst_got:.5g} want {o.worst_want:.5g}"
-            verdict = "[green]ok[/]" if o.passed else f"[red]FAIL[/] {why}".rstrip()
-            t.add_row(s.shape, str(s.round), o.name, _g(o.max_abs), _g(o.max_rel), _g(o.norm_rel),
+                why += f"worst {o.worst_index}: got {fmt_num(o.worst_got, '.5g')} want {fmt_num(o.worst_want, '.5g')}"
+            verdict = "[green]ok[/]" if o.passed else f"[red]FAIL[/] {escape(why)}".rstrip()
+            t.add_row(escape(s.shape), str(s.round), escape(o.name), _g(o.max_abs), _g(o.max_rel), _g(o.norm_rel),
                       f"{o.mismatches}/{o.numel}", verdict)
         if s.inputs_changed:
-            t.add_row(s.shape, str(s.round), "inputs", "", "", "", "", f"[red]FAIL[/] inputs modified: {s.inputs_changed}")
+            t.add_row(escape(s.shape), str(s.round), "inputs", "", "", "", "", f"[red]FAIL[/] inputs modified: {escape(str(s.inputs_changed))}")
     console.print(t)
 
 
@@ -106,16 +105,17 @@ def print_bench(console: Console, report: EvalReport) -> None:
         t.add_column(col, justify="left" if col in ("shape", "what") else "right")
     for s in report.bench.shapes:
         if s.error:
-            t.add_row(s.shape, "[red]error[/]", s.error, "", "", "", "", "")
+            t.add_row(escape(s.shape), "[red]error[/]", escape(s.error), "", "", "", "", "")
             continue
-        base = s.kernel.median if s.kernel else None
+        base = real(s.kernel.median) if s.kernel else None
         entries = ([("kernel", s.kernel)] if s.kernel else []) + list(s.comparators.items())
         for what, tm in entries:
-            rel = f"{base / tm.median:.2f}x" if base and what != "kernel" else ""
-            t.add_row(s.shape, what, fmt_time(tm.median), f"{fmt_time(tm.p10)}..{fmt_time(tm.p90)}", fmt_rate(tm.tflops), fmt_rate(tm.gbps), rel,
+            median = real(tm.median)
+            rel = f"{base / median:.2f}x" if base and median and what != "kernel" else ""
+            t.add_row(escape(s.shape), escape(what), fmt_time(tm.median), f"{fmt_time(tm.p10)}..{fmt_time(tm.p90)}", fmt_rate(tm.tflops), fmt_rate(tm.gbps), rel,
                       f"{tm.samples}x{tm.calls_per_sample}")
         for what, err in s.comparator_errors.items():
-            t.add_row(s.shape, what, "unavailable", err[:60], "", "", "", "")
+            t.add_row(escape(s.shape), escape(what), "unavailable", escape(err[:60]), "", "", "", "")
     console.print(t)
 
 
@@ -124,7 +124,7 @@ def _knobs(knobs: dict) -> str:
 
 
 def _g(x) -> str:
-    return "-" if x is None else f"{x:.3g}"
+    return fmt_num(x, ".3g")
 
 
 class StageStatus:

@@ -24,6 +24,7 @@ from markupsafe import Markup
 from plotly.subplots import make_subplots
 
 from agent.run_view import AttemptView, RunView, kernel_deltas
+from tools.fmt import fmt_num, real
 from tools.fmt import fmt_time as _fmt_time
 
 # one colour per gate stage that can reject; accepted is the staircase's colour
@@ -279,8 +280,10 @@ def _env() -> Environment:
     env = Environment(loader=PackageLoader("agent", "templates"), autoescape=select_autoescape(["html", "j2"]),
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["t"] = fmt_time
-    env.filters["sp"] = lambda x: f"x{x:.4f}" if isinstance(x, (int, float)) else "-"
-    env.filters["usd"] = lambda x: f"${x:.2f}" if isinstance(x, (int, float)) else "-"
+    env.filters["sp"] = lambda x: f"x{x:.4f}" if real(x) is not None else "-"
+    for digits in (1, 2, 3, 4):  # a figure with n decimals; '-', 'nan' or '?' when it is not a finite number
+        env.filters[f"f{digits}"] = lambda x, d=digits: fmt_num(x, f".{d}f")
+    env.filters["usd"] = lambda x: f"${x:.2f}" if real(x) is not None else "-"
     env.filters["tojson_pretty"] = lambda x: json.dumps(x, indent=1, ensure_ascii=False, default=str) if not isinstance(x, str) else x
     env.globals["diff_lines"] = diff_lines
     env.globals["markdown"] = markdown

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import records as rec
+from tools.fmt import real
 from tools.roofline import PEAKS, device_key
 
 PATCH_LIMIT = 400_000  # characters of one attempt's patch shown (a patch that large is read in git)
@@ -41,9 +42,9 @@ class ShapeTiming:
     shape: str
     time_best: float
     time_cand: float
-    speedup: float
-    lo: float
-    hi: float
+    speedup: float | None
+    lo: float | None
+    hi: float | None
     pairs: int
 
 
@@ -158,24 +159,62 @@ class RunView:
 
 # ---- reading ------------------------------------------------------------------------------------
 
+# A record is data written by some version of kloop (or edited by hand): every figure read from it is
+# checked here, once, so that what the report and the pages format is a finite number or None.
+
+def _dict(x: Any) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def _list(x: Any) -> list:
+    return x if isinstance(x, list) else []
+
+
+def _int(x: Any) -> int | None:
+    r = real(x)
+    return int(r) if r is not None and r == int(r) else None
+
+
+def _pos(x: Any) -> float | None:
+    """A positive finite number (a time, a speedup, a rate), else None."""
+    r = real(x)
+    return r if r is not None and r > 0 else None
+
+
+def _counts(x: Any) -> dict[str, int]:
+    return {str(k): v for k, v in ((k, _int(v)) for k, v in _dict(x).items()) if v is not None}
+
+
 def _kernels(figures: dict) -> list[KernelFigures]:
-    build = figures.get("build") or {}
-    sass = figures.get("sass") or {}
+    build = _dict(figures.get("build"))
+    sass = _dict(figures.get("sass"))
     out, used = [], set()
-    for k in build.get("kernels") or []:
-        name = k.get("name") or k.get("mangled") or "?"
-        key = next((x for x in (k.get("mangled"), name) if x in sass), None)  # the gate keys SASS by mangled name
+    for k in (k for k in _list(build.get("kernels")) if isinstance(k, dict)):
+        name = str(k.get("name") or k.get("mangled") or "?")
+        key = next((x for x in (k.get("mangled"), name) if isinstance(x, str) and x in sass), None)  # the gate keys SASS by mangled name
         used.add(key)
-        s = sass.get(key) or {}
+        s = _dict(sass.get(key))
         out.append(KernelFigures(
-            name=name, registers=k.get("registers"), spill_store=k.get("spill_store_bytes", 0) or 0,
-            spill_load=k.get("spill_load_bytes", 0) or 0, smem=k.get("smem_bytes", 0) or 0, stack=k.get("stack_bytes", 0) or 0,
-            sass_total=s.get("total"), sass_families=dict(s.get("families") or {}), sass_memory=dict(s.get("memory") or {}),
+            name=name, registers=_int(k.get("registers")), spill_store=_int(k.get("spill_store_bytes")) or 0,
+            spill_load=_int(k.get("spill_load_bytes")) or 0, smem=_int(k.get("smem_bytes")) or 0, stack=_int(k.get("stack_bytes")) or 0,
+            sass_total=_int(s.get("total")), sass_families=_counts(s.get("families")), sass_memory=_counts(s.get("memory")),
         ))
     for key, s in sass.items():  # SASS of a kernel ptxas did not list (should not happen; shown anyway)
         if key not in used and isinstance(s, dict):
-            out.append(KernelFigures(name=s.get("kernel") or key, sass_total=s.get("total"), sass_families=dict(s.get("families") or {}),
-                                     sass_memory=dict(s.get("memory") or {})))
+            out.append(KernelFigures(name=str(s.get("kernel") or key), sass_total=_int(s.get("total")),
+                                     sass_families=_counts(s.get("families")), sass_memory=_counts(s.get("memory"))))
+    return out
+
+
+def _shape_timings(ab: Any) -> list[ShapeTiming]:
+    """The per-shape paired timings of a verdict's figures; a shape without its two times is left out."""
+    out = []
+    for s in (s for s in _list(_dict(ab).get("shapes")) if isinstance(s, dict)):
+        ta, tb = _pos(s.get("time_a")), _pos(s.get("time_b"))
+        if s.get("shape") is None or ta is None or tb is None:
+            continue
+        out.append(ShapeTiming(str(s["shape"]), ta, tb, _pos(s.get("speedup")), _pos(s.get("speedup_lo")),
+                               _pos(s.get("speedup_hi")), _int(s.get("pairs")) or 0))
     return out
 
 
@@ -233,12 +272,12 @@ def load_view(run_dir: Path) -> RunView:
                                             patch_truncated=cut, started=ev.t.strftime("%H:%M:%S"))
         elif isinstance(ev, rec.Verdict) and ev.attempt in by_no:
             a, f = by_no[ev.attempt], ev.figures
-            a.stage = f.get("stage") or ("accepted" if ev.accepted else "")
+            stage = f.get("stage")
+            a.stage = stage if isinstance(stage, str) and stage else ("accepted" if ev.accepted else "")
             a.verdict = "accepted" if ev.accepted else ("interrupted" if a.stage == "interrupted" else "rejected")
-            a.reason, a.seconds = ev.reason, f.get("seconds")
-            a.speedup, a.lo, a.hi = f.get("speedup"), f.get("speedup_lo"), f.get("speedup_hi")
-            a.shapes = [ShapeTiming(s["shape"], s["time_a"], s["time_b"], s["speedup"], s["speedup_lo"], s["speedup_hi"],
-                                    s.get("pairs", 0)) for s in (f.get("ab") or {}).get("shapes", [])]
+            a.reason, a.seconds = ev.reason, real(f.get("seconds"))
+            a.speedup, a.lo, a.hi = _pos(f.get("speedup")), _pos(f.get("speedup_lo")), _pos(f.get("speedup_hi"))
+            a.shapes = _shape_timings(f.get("ab"))
             a.kernels = _kernels(f)
         elif isinstance(ev, rec.Committed) and ev.attempt in by_no:
             by_no[ev.attempt].commit = ev.commit
@@ -276,7 +315,7 @@ def load_view(run_dir: Path) -> RunView:
         elif a.speedup:
             a.level = level * a.speedup
 
-    device = baseline.get("device") or info.machine or {}
+    device = _dict(baseline.get("device")) or _dict(info.machine)
     peak_flops, peak_bytes, peak_source = _peaks(device, compute_unit)
     series = _series(baseline, attempts, peak_flops, peak_bytes)
     cfg = info.config or {}
@@ -287,8 +326,8 @@ def load_view(run_dir: Path) -> RunView:
         notes = ""
     return RunView(
         run_id=info.run_id, dir=run_dir, task=info.task, policy=info.policy,
-        started=info.started_at.strftime("%Y-%m-%d %H:%M UTC"), device=device.get("name") or info.gpu or "?",
-        device_kind=device.get("kind", "?"), driver=info.versions.driver, compiler=info.versions.compiler,
+        started=info.started_at.strftime("%Y-%m-%d %H:%M UTC"), device=str(device.get("name") or info.gpu or "?"),
+        device_kind=str(device.get("kind", "?")), driver=info.versions.driver, compiler=info.versions.compiler,
         torch=info.versions.torch, branch=info.branch, base_commit=info.base_commit,
         budget={k: v for k, v in (cfg.get("budget") or {}).items() if v is not None}, model=cfg.get("model"),
         cost_usd=cost, turns=len([t for t in transcript if t.text or t.stop_reason]), state=state,
@@ -300,13 +339,14 @@ def load_view(run_dir: Path) -> RunView:
 
 def _series(baseline: dict, attempts: list[AttemptView], peak_flops: float | None, peak_bytes: float | None) -> list[ShapeSeries]:
     by_shape: dict[str, ShapeSeries] = {}
-    for s in (baseline.get("bench") or {}).get("shapes", []):
-        ss = ShapeSeries(s["shape"], s.get("flops"), s.get("bytes"))
-        kernel = s.get("kernel") or {}
-        if kernel.get("median"):
+    for s in (s for s in _list(_dict(baseline.get("bench")).get("shapes")) if isinstance(s, dict) and s.get("shape") is not None):
+        ss = ShapeSeries(str(s["shape"]), _pos(s.get("flops")), _pos(s.get("bytes")))
+        median = _pos(_dict(s.get("kernel")).get("median"))
+        if median:
             ss.labels.append("base")
-            ss.times.append(kernel["median"])
-        ss.comparators = [Comparator(name, t["median"]) for name, t in (s.get("comparators") or {}).items() if t.get("median")]
+            ss.times.append(median)
+        ss.comparators = [Comparator(str(name), _pos(_dict(t).get("median"))) for name, t in _dict(s.get("comparators")).items()
+                          if _pos(_dict(t).get("median"))]
         bounds = [x for x in ((ss.flops / peak_flops) if ss.flops and peak_flops else None,
                               (ss.bytes / peak_bytes) if ss.bytes and peak_bytes else None) if x]
         ss.bound = max(bounds) if bounds else None
@@ -386,13 +426,13 @@ def run_rows(runs_root: Path) -> list[RunRow]:
             continue
         events, _ = record.read()
         device = record.info.machine or {}
-        row.device = device.get("name") or record.info.gpu or ""
+        row.device = str(device.get("name") or record.info.gpu or "")
         level, judged, open_attempt = 1.0, set(), None
         for ev in events:
             if isinstance(ev, rec.Verdict):
                 judged.add(ev.attempt)
-                sp = ev.figures.get("speedup")
-                if ev.accepted and isinstance(sp, (int, float)):
+                sp = _pos(ev.figures.get("speedup"))
+                if ev.accepted and sp is not None:
                     level *= sp
             elif isinstance(ev, rec.AttemptStarted):
                 open_attempt = ev.attempt

@@ -29,7 +29,7 @@ from agent.workspace import Workspace
 from tools.agent_tools import session_toolbox
 from tools.base import ToolBox
 from tools.build import BuildResult
-from tools.fmt import device_label, fmt_ms, kernel_names
+from tools.fmt import device_label, fmt_ms, fmt_num, kernel_names, real
 from tools.port import SubmitRefused
 from tools.sandbox import SandboxStatus, SandboxUnavailable, require as require_sandbox_here, status as sandbox_status
 
@@ -680,41 +680,51 @@ class SessionTools:
 
 def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, number: int) -> list[tuple[str, str]]:
     """Speedup with its interval, time per bench shape, registers/spills per kernel (change from
-    best), where it was measured, run and attempt."""
+    best), where it was measured, run and attempt. Figures that are missing or not numbers are
+    written as '-' or 'nan' (never a crash: the commit of an accepted verdict must land)."""
     out: list[tuple[str, str]] = []
-    if figures.get("speedup") is not None:
+    if real(figures.get("speedup")) is not None:
         out.append(("Kloop-Speedup", f"{figures['speedup']:.4f}"))
-        out.append(("Kloop-Speedup-CI95", f"{figures['speedup_lo']:.4f}..{figures['speedup_hi']:.4f}"))
-    ab = figures.get("ab") or {}
-    for s in ab.get("shapes", []):
-        out.append((trailer_key("Kloop-Time", s["shape"]),
-                    f"{fmt_ms(s['time_a'], sep='')} -> {fmt_ms(s['time_b'], sep='')} (x{s['speedup']:.4f}, {s['speedup_lo']:.4f}..{s['speedup_hi']:.4f}, {s['pairs']} pairs)"))
+        out.append(("Kloop-Speedup-CI95", f"{fmt_num(figures.get('speedup_lo'))}..{fmt_num(figures.get('speedup_hi'))}"))
+    ab = figures.get("ab") if isinstance(figures.get("ab"), dict) else {}
+    shapes = ab.get("shapes") if isinstance(ab.get("shapes"), list) else []
+    for s in (s for s in shapes if isinstance(s, dict) and s.get("shape")):
+        try:
+            key = trailer_key("Kloop-Time", str(s["shape"]))
+        except ValueError:  # a shape name with nothing a trailer key can hold
+            continue
+        out.append((key, f"{fmt_ms(s.get('time_a'), sep='')} -> {fmt_ms(s.get('time_b'), sep='')} (x{fmt_num(s.get('speedup'))}, "
+                         f"{fmt_num(s.get('speedup_lo'))}..{fmt_num(s.get('speedup_hi'))}, {s.get('pairs')} pairs)"))
     before = {k.name: k for k in (best.kernels if best else [])}
-    kernels = (figures.get("build") or {}).get("kernels", [])
+    build = figures.get("build") if isinstance(figures.get("build"), dict) else {}
+    kernels = [k for k in (build.get("kernels") if isinstance(build.get("kernels"), list) else [])
+               if isinstance(k, dict) and k.get("name")]
     used: set[str] = set()
-    for k, short in zip(kernels, kernel_names([k["name"] for k in kernels])):
-        b = before.get(k["name"])
-        regs = f"{b.registers} -> {k['registers']}" if b and b.registers != k["registers"] else f"{k['registers']}"
-        spills = f"spills {k['spill_store_bytes']}/{k['spill_load_bytes']} B"
-        if b and (b.spill_store_bytes, b.spill_load_bytes) != (k["spill_store_bytes"], k["spill_load_bytes"]):
-            spills = f"spills {b.spill_store_bytes}/{b.spill_load_bytes} -> {k['spill_store_bytes']}/{k['spill_load_bytes']} B"
-        if k.get("setmaxnreg"):  # warp-specialised: ptxas's count is the entry count; then what setmaxnreg sets
+    for k, short in zip(kernels, kernel_names([str(k["name"]) for k in kernels])):
+        b = before.get(str(k["name"]))
+        regs = f"{b.registers} -> {k.get('registers')}" if b and b.registers != k.get("registers") else f"{k.get('registers')}"
+        spills = f"spills {k.get('spill_store_bytes')}/{k.get('spill_load_bytes')} B"
+        if b and (b.spill_store_bytes, b.spill_load_bytes) != (k.get("spill_store_bytes"), k.get("spill_load_bytes")):
+            spills = f"spills {b.spill_store_bytes}/{b.spill_load_bytes} -> {k.get('spill_store_bytes')}/{k.get('spill_load_bytes')} B"
+        if isinstance(k.get("setmaxnreg"), list) and k["setmaxnreg"]:  # warp-specialised: ptxas's count is the entry count; then what setmaxnreg sets
             spills += f", setmaxnreg {' / '.join(map(str, k['setmaxnreg']))}"
-        key = base = trailer_key("Kloop-Regs", short)  # short names can still meet once sanitised
+        try:
+            key = base = trailer_key("Kloop-Regs", short)  # short names can still meet once sanitised
+        except ValueError:  # a name with nothing a trailer key can hold
+            continue
         n = 1
         while key in used:
             n += 1
             key = f"{base}-{n}"
         used.add(key)
         out.append((key, f"{regs} regs, {spills}"))
-    build = figures.get("build") or {}
-    if build.get("knobs"):
+    if isinstance(build.get("knobs"), dict) and build["knobs"]:
         out.append(("Kloop-Knobs", " ".join(f"{k}={v}" for k, v in build["knobs"].items())))
-    dev = figures.get("device") or {}
+    dev = figures.get("device") if isinstance(figures.get("device"), dict) else {}
     if dev:
         out.append(("Kloop-Device", device_label(dev, clocks=False)))
     if build.get("compiler"):
-        out.append(("Kloop-Compiler", build["compiler"]))
+        out.append(("Kloop-Compiler", str(build["compiler"])))
     if ab:
         out.append(("Kloop-Timing", f"{ab.get('pairs')} pairs in {ab.get('timing_seconds')} s ({ab.get('stopped_because')})"))
     out.append(("Kloop-Run", run_id))

@@ -66,7 +66,7 @@ def attach(run: Optional[str], runs_dir: Optional[Path], repo: Optional[Path] = 
 def _emit(name: str, result, as_json: bool) -> None:
     if as_json:
         payload = {"tool": name, "ok": result.ok, "event": result.event, "text": result.text, "data": result.data}
-        sys.stdout.write(json.dumps(payload, indent=1, default=str) + "\n")
+        _cli().emit_json(payload)  # strict JSON: a figure that is NaN/Inf is null
     else:
         sys.stdout.write(result.text.rstrip() + "\n")
 

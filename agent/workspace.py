@@ -668,6 +668,47 @@ def export_commit(repo_root: Path, commit: str, dest: Path, subdir: str | None =
     return dest / sub if keep_paths and sub else dest
 
 
+def resolve_commit(repo_root: Path, rev: str) -> str:
+    """The full sha of `rev` in the repository holding `repo_root` (WorkspaceError naming it if none)."""
+    if rev.startswith("-"):
+        raise WorkspaceError(f"{rev!r} is not a revision")
+    return _rev(_find_repo(repo_root), rev)
+
+
+def commit_parent(repo_root: Path, commit: str) -> str | None:
+    """The first parent of `commit`, None for a root commit."""
+    try:
+        return str(_git(_find_repo(repo_root), "rev-parse", "--verify", "--quiet", f"{commit}^1^{{commit}}"))
+    except WorkspaceError:
+        return None
+
+
+def commit_changes(repo_root: Path, old: str, new: str) -> list[str]:
+    """Repo-relative paths that differ between two commits (no renames: both sides of a move)."""
+    out = _git(_find_repo(repo_root), "diff-tree", "-r", "-z", "--no-renames", "--name-only", old, new, "--", raw=True)
+    assert isinstance(out, bytes)
+    return sorted({p for p in out.decode(ENCODING, ERRORS).split("\0") if p})
+
+
+def commit_diff(repo_root: Path, old: str, new: str, subdir: str | None = None) -> str:
+    """The patch from commit `old` to `new` (only `subdir` when given), as `Workspace.diff` writes
+    patches (binary-safe, no renames, a/ b/ prefixes): what `apply_patch_to_folder` applies."""
+    sub = (subdir or "").strip("/")
+    spec = [f":(literal){sub}"] if sub and sub != "." else []
+    out = _git(_find_repo(repo_root), "diff-tree", "-r", "-p", "--binary", "--no-renames", "--no-color", "--no-ext-diff",
+               "--no-textconv", "--src-prefix=a/", "--dst-prefix=b/", old, new, "--", *spec, raw=True)
+    assert isinstance(out, bytes)
+    return out.decode(ENCODING, ERRORS)
+
+
+def file_at(repo_root: Path, commit: str, path: str) -> bool:
+    """True when `path` is a file (blob) in `commit`."""
+    try:
+        return _git(_find_repo(repo_root), "cat-file", "-t", f"{commit}:{path.strip('/')}") == "blob"
+    except WorkspaceError:
+        return False
+
+
 def apply_patch_to_folder(folder: Path, patch: str) -> str | None:
     """Apply a patch made by `Workspace.diff()` to a plain folder (no repository: replay's scratch
     copies); all or nothing. Returns git's complaint when it does not apply, else None."""

@@ -95,3 +95,226 @@ def test_compare_with_non_finite_output_gives_a_formattable_failure(bad):
     back = roundtrip({"check": CheckReport(passed=False, shapes=[s])}).check.shapes[0]
     reason = _describe_failure(back)
     assert "1 NaN/Inf" in reason and "sq" in reason
+
+
+# ---- the whole report path: verdict -> record -> show/log/report/trailers -----------------------------
+
+from types import SimpleNamespace
+
+from typer.testing import CliRunner
+
+from agent.cli import Progress, _numbers, app
+from agent.records import RunInfo, RunRecord, make_event
+from agent.report_html import render_body, render_compare_body
+from agent.run_view import load_view
+from agent.session import evidence_trailers
+from agent.trailers import format_commit_message, parse_trailers
+
+# names with markup, escapes, unicode, control characters: all data, never formatting
+names = st.one_of(st.sampled_from(["sq192", "wide", "[/]", "[bold]x", "{0}", "%s", "näme ✓", "a\nb", "", "`x`", "<b>"]),
+                  st.text(max_size=12))
+anything = st.one_of(nasty, st.integers(-10**30, 10**30), st.text(max_size=8), st.booleans())
+any_shapes = st.builds(
+    ShapeAB, shape=names, weight=nasty_req, pairs=st.integers(-5, 10**9),
+    log_ratio_mean=nasty_req, log_ratio_se=nasty_req, speedup=nasty_req, speedup_lo=nasty_req, speedup_hi=nasty_req,
+    time_a=nasty_req, time_b=nasty_req, wall_a=nasty, wall_b=nasty, extra_a=nasty, extra_b=nasty, idle_cpu_a=nasty,
+    idle_cpu_b=nasty, probes=st.integers(-3, 50), after_return_a=nasty, after_return_b=nasty, floor_s=nasty,
+    baseline_a=nasty, timed_outputs_ok=st.booleans(), timed_outputs_problem=text)
+ab_reports = st.builds(ABReport, shapes=st.lists(st.one_of(shape_abs, any_shapes), max_size=3), speedup=nasty_req,
+                       speedup_lo=nasty_req, speedup_hi=nasty_req, pairs=st.integers(-1, 10**6), timing_seconds=nasty_req,
+                       stopped_because=text.map(lambda t: t or ""))
+stage_seconds = st.dictionaries(names, nasty_req, max_size=4)
+
+
+def strict_json(line: str):
+    """json.loads that refuses NaN/Infinity (what every other JSON reader does)."""
+    def refuse(const):
+        raise ValueError(f"non-standard JSON constant {const}")
+    return json.loads(line, parse_constant=refuse)
+
+
+def _record(tmp: Path, verdicts: list, baseline: dict, titles: list[str]) -> RunRecord:
+    run_id = f"20261201-000000-fuzz-{len(list(tmp.iterdir())):04d}"
+    info = RunInfo(run_id=run_id, task="matmul_cpu", task_rel="kernels/matmul_cpu", task_path=tmp / "t", policy="tuner",
+                   base_commit="0" * 40, branch=f"kloop/{run_id}", repo_root=tmp, worktree=tmp / "w",
+                   machine={"name": "a CPU", "kind": "cpu"})
+    record = RunRecord.create(tmp, info)
+    record.log("session_started")
+    record.log("baseline", figures=baseline)
+    for n, (v, title) in enumerate(zip(verdicts, titles), start=1):
+        record.log("attempt_started", attempt=n, title=title or "t", rationale=title)
+        record.log("verdict", attempt=n, accepted=v.accepted, reason=v.reason, figures=v.figures())
+        if v.accepted:
+            record.log("committed", attempt=n, commit=f"{n:040x}")
+    return record
+
+
+@settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(ab_reports, st.lists(shape_checks, max_size=2), stage_seconds, nasty_req, names), min_size=1, max_size=3),
+       st.dictionaries(st.sampled_from(["bench", "device", "build", "sass", "check_failures"]), anything, max_size=3))
+def test_every_report_gets_a_verdict_strict_json_and_readable_text(tmp_path_factory, attempts, baseline):
+    tmp = tmp_path_factory.mktemp("runs")
+    verdicts, titles = [], []
+    for ab, checks, stages, seconds, title in attempts:
+        v = GATE.judge(ab)
+        assert isinstance(v, Verdict) and v.reason
+        if checks:  # a check report beside it (a verdict never carries both in the gate, but nothing may crash)
+            v = v.model_copy(update={"check": CheckReport(passed=False, shapes=checks)})
+        v = v.model_copy(update={"stage_seconds": stages, "seconds": seconds, "judge": "ready"})
+        for line in (v.summary(), v.stages_line()):
+            assert isinstance(line, str)
+        verdicts.append(v)
+        titles.append(title)
+        # trailers: the commit message of an accept, parsed back
+        message = format_commit_message(title or "t", "why", evidence_trailers(v.figures(), None, "run", 1))
+        assert isinstance(parse_trailers(message), list)
+        row = {"commit": "0" * 40, "title": title, "attempt": "1", "speedup": _trailer(message, "Kloop-Speedup"),
+               "ci95": _trailer(message, "Kloop-Speedup-CI95"), "times": {}, "registers": {}}
+        json.dumps(_numbers(row), allow_nan=False)
+        # the live progress line of a session
+        Progress()(make_event("verdict", attempt=1, accepted=v.accepted, reason=v.reason, figures=v.figures()))
+    record = _record(tmp, verdicts, baseline, titles)
+    for line in (record.dir / "events.jsonl").read_text().splitlines():
+        strict_json(line)
+    strict_json((record.dir / "run.json").read_text())
+    view = load_view(record.dir)
+    assert len(view.attempts) == len(verdicts)
+    assert isinstance(render_body(view), str) and isinstance(render_compare_body([view, view]), str)
+    for args in ([], ["1"], ["--json"]):
+        res = CliRunner().invoke(app, ["show", str(record.dir), *args], env={"COLUMNS": "100"})
+        assert res.exit_code == 0, (res.output, res.exception)
+    res = CliRunner().invoke(app, ["runs", "--runs-dir", str(tmp)], env={"COLUMNS": "100"})
+    assert res.exit_code == 0, (res.output, res.exception)
+
+
+def _trailer(message: str, key: str):
+    return dict(parse_trailers(message)).get(key)
+
+
+def test_a_verdict_with_non_finite_figures_is_recorded_as_null(tmp_path):
+    ab = ABReport(shapes=[], speedup=math.nan, speedup_lo=-math.inf, speedup_hi=math.inf)
+    v = GATE.judge(ab).model_copy(update={"stage_seconds": {"timing": math.nan}, "seconds": math.inf})
+    record = _record(tmp_path, [v], {"device": {"name": "x", "sm_clock_mhz": math.nan}}, ["t"])
+    lines = [strict_json(line) for line in (record.dir / "events.jsonl").read_text().splitlines()]
+    verdict = next(e for e in lines if e["kind"] == "verdict")
+    assert verdict["figures"]["speedup"] is None and verdict["figures"]["seconds"] is None
+    assert verdict["figures"]["stage_seconds"] == {"timing": None}
+    assert next(e for e in lines if e["kind"] == "baseline")["figures"]["device"]["sm_clock_mhz"] is None
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.fixed_dictionaries({}, optional={
+    "speedup": anything, "speedup_lo": anything, "speedup_hi": anything, "stage": anything, "seconds": anything,
+    "ab": st.one_of(anything, st.fixed_dictionaries({}, optional={"shapes": st.one_of(anything, st.lists(
+        st.one_of(anything, st.dictionaries(st.sampled_from(["shape", "time_a", "time_b", "speedup", "speedup_lo",
+                                                              "speedup_hi", "pairs"]), anything)), max_size=3))})),
+    "build": st.one_of(anything, st.fixed_dictionaries({}, optional={"kernels": st.one_of(anything, st.lists(
+        st.dictionaries(st.sampled_from(["name", "registers", "spill_store_bytes", "spill_load_bytes", "smem_bytes"]),
+                        anything), max_size=2)), "knobs": anything, "compiler": anything})),
+    "device": anything, "stage_seconds": st.one_of(anything, st.dictionaries(names, anything, max_size=3)),
+}), min_size=1, max_size=3), st.lists(st.booleans(), min_size=3, max_size=3))
+def test_records_of_any_shape_are_read_and_shown(tmp_path_factory, figures, accepted):
+    """A record written by another version (or edited by hand): missing keys, wrong types, NaN; every reader
+    shows it, none crashes."""
+    tmp = tmp_path_factory.mktemp("runs")
+    verdicts = [SimpleNamespace(accepted=a, reason="r", figures=lambda f=f: f) for f, a in zip(figures, accepted)]
+    record = _record(tmp, verdicts, {}, ["[/]"] * len(verdicts))
+    view = load_view(record.dir)
+    assert isinstance(render_body(view), str)
+    for args in ([], ["1"]):
+        res = CliRunner().invoke(app, ["show", str(record.dir), *args], env={"COLUMNS": "100"})
+        assert res.exit_code == 0, (res.output, res.exception)
+    for f in figures:
+        Progress()(make_event("verdict", attempt=1, accepted=True, reason="r", figures=f))
+        evidence_trailers(f, None, "run", 1)
+
+
+# ---- `kloop eval`'s tables ------------------------------------------------------------------------------
+
+from rich.console import Console
+
+from agent.report import print_eval
+from tools.build import BuildResult
+from tools.evaluate import EvalReport
+from tools.protocol import BenchReport, ShapeBench, Timing
+from tools.task import load_task
+
+TASK_MODEL = load_task(TASK)
+timings = st.builds(Timing, median=nasty_req, p10=nasty_req, p90=nasty_req, mean=nasty_req, samples=st.integers(0, 10),
+                    tflops=nasty, gbps=nasty)
+benches = st.builds(ShapeBench, shape=names, dims=st.just({}), kernel=st.one_of(st.none(), timings),
+                    comparators=st.dictionaries(names, timings, max_size=2),
+                    comparator_errors=st.dictionaries(names, st.text(max_size=20), max_size=1), error=text)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(shape_checks, max_size=3), st.lists(benches, max_size=3), text, text, st.booleans())
+def test_eval_tables_print_any_report(checks, bench, check_error, bench_error, passed):
+    report = EvalReport(task="matmul_cpu", target="cpu",
+                        build=BuildResult(ok=True, key="k", lib="/x.so", build_dir="/b", compiler="g++ [/]"),
+                        check=CheckReport(passed=passed, shapes=checks, seconds=math.nan), check_error=check_error,
+                        bench=BenchReport(shapes=bench), bench_error=bench_error)
+    console = Console(record=True, width=100, file=open("/dev/null", "w"))
+    print_eval(console, TASK_MODEL, report)
+    assert console.export_text()
+
+
+# ---- the gate fails closed on figures it needs ----------------------------------------------------------
+
+def _shape(name="sq192", **kw):
+    base = dict(shape=name, weight=1.0, pairs=100, log_ratio_mean=0.7, log_ratio_se=0.001, speedup=2.0, speedup_lo=1.9,
+                speedup_hi=2.1, time_a=1e-3, time_b=0.5e-3, wall_a=1.02e-3, wall_b=0.52e-3, extra_a=0.0, extra_b=0.0,
+                idle_cpu_a=0.0, idle_cpu_b=0.0, probes=10)
+    return ShapeAB(**(base | kw))
+
+
+def test_a_clean_report_is_accepted():  # the reference point for the cases below
+    assert GATE.judge(ABReport(shapes=[_shape()], speedup=2.0, speedup_lo=1.9, speedup_hi=2.1, pairs=100)).accepted
+
+
+@pytest.mark.parametrize("shape, top, words", [
+    (_shape("[/] näme"), {}, "does not time"),  # a shape the task does not have: no allowance applies
+    (_shape(time_b=0.0), {}, "integrity probes missing"),
+    (_shape(time_b=-1e-3, time_a=-2e-3), {}, "integrity probes missing"),
+    (_shape(probes=-1), {}, "integrity probes missing"),
+    (_shape(speedup_lo=-1.0), {}, "not finite and positive"),
+    (_shape(), {"speedup_lo": 0.0}, "not finite and positive"),
+    (_shape(), {"speedup_hi": math.inf}, "not finite and positive"),
+    (_shape(), {"speedup": math.nan}, "not finite and positive"),
+])
+def test_missing_or_impossible_figures_are_rejected_never_a_crash(shape, top, words):
+    ab = ABReport(shapes=[shape], **({"speedup": 2.0, "speedup_lo": 1.9, "speedup_hi": 2.1, "pairs": 100} | top))
+    v = GATE.judge(ab)
+    assert not v.accepted and words in v.reason, v.reason
+    assert isinstance(v.summary(), str)
+
+
+def test_log_of_commits_with_garbage_trailers(tmp_path):
+    """`kloop log` reads trailers from commits anyone can write: any value is shown, --json stays strict."""
+    import git
+
+    from agent.records import RunRecord as _RR
+    from agent.run_view import run_rows
+    from agent.report_html import render_index
+    from tests.fakes import make_repo
+
+    repo = make_repo(tmp_path)
+    r = git.Repo(repo)
+    base = r.head.commit.hexsha
+    r.git.checkout("-b", "kloop/fuzz")
+    (repo / "kernels" / "matmul_cpu" / "knobs.toml").write_text("LOOP_ORDER = 1\n")
+    r.git.add(A=True)
+    r.index.commit(format_commit_message("[/] [bold]title", "", [
+        ("Kloop-Speedup", "1.2.3"), ("Kloop-Speedup-CI95", "nan..inf"), ("Kloop-Time-[/]", "...ms -> 1e999ms (x..., .....1, 3 pairs)"),
+        ("Kloop-Regs-k", "9 -> 8 regs, spills [/] B"), ("Kloop-Run", "fuzz"), ("Kloop-Attempt", "1")]))
+    runs = tmp_path / "runs"
+    info = RunInfo(run_id="fuzz", task="matmul_cpu", task_rel="kernels/matmul_cpu", task_path=repo, policy="tuner",
+                   base_commit=base, branch="kloop/fuzz", repo_root=repo, worktree=tmp_path / "w")
+    _RR.create(runs, info).log("session_started")
+    for args in (["log", "fuzz", "--runs-dir", str(runs)], ["log", "kloop/fuzz", "--repo", str(repo)]):
+        for extra in ([], ["--json"]):
+            res = CliRunner().invoke(app, args + extra, env={"COLUMNS": "100"})
+            assert res.exit_code == 0, (res.output, res.exception)
+            if extra:
+                strict_json(res.stdout)
+    assert "fuzz" in render_index(run_rows(runs))

@@ -2,44 +2,87 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
+
+
+def real(x: Any) -> float | None:
+    """`x` as a finite float, or None (None, NaN, Inf, a bool, a string: what a report or a record may hold)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        f = float(x)
+    except OverflowError:  # an int too large for a float
+        return None
+    return f if math.isfinite(f) else None
+
+
+def json_safe(obj: Any) -> Any:
+    """`obj` (JSON-like) with every NaN/Inf float replaced by None: strict JSON (RFC 8259 has no NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def _unknown(x: Any) -> str:
+    """How a figure that is not a finite number is written: '-' when missing, else what it is ('nan', 'inf')."""
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return str(x)
+    return "?"
 
 
 def fmt_time(seconds: float | None, micro: str = "us") -> str:
     """A duration with a unit that suits it: '123.5 ms', '1.823 ms', '444.9 us' ('-' when unknown);
     `micro` is the microsecond unit's spelling (pages write 'µs')."""
-    if seconds is None:
-        return "-"
-    if seconds >= 1e-1:
-        return f"{seconds * 1e3:.1f} ms"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.1f} {micro}"
+    s = real(seconds)
+    if s is None:
+        return _unknown(seconds)
+    if s >= 1e-1:
+        return f"{s * 1e3:.1f} ms"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} {micro}"
 
 
 def fmt_ms(seconds: float, sep: str = " ") -> str:
     """Milliseconds to four decimals, for timings compared side by side ('1.2345 ms')."""
-    return f"{seconds * 1e3:.4f}{sep}ms"
+    s = real(seconds)
+    return f"{s * 1e3:.4f}{sep}ms" if s is not None else f"{_unknown(seconds)}{sep}ms"
 
 
 def fmt_rate(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.1f}" if x >= 10 else f"{x:.3f}"
+    r = real(x)
+    if r is None:
+        return _unknown(x)
+    return f"{r:.1f}" if r >= 10 else f"{r:.3f}"
+
+
+def fmt_num(x: Any, spec: str = ".4f") -> str:
+    """A number with a format spec; anything else as '-' (missing), 'nan', 'inf' or '?'."""
+    r = real(x)
+    return format(r, spec) if r is not None else _unknown(x)
 
 
 def fmt_speedup(speedup: float | None, lo: float | None = None, hi: float | None = None) -> str:
     """'x1.1200 [1.1100, 1.1300]': a speedup and its 95% interval ('-' when there is none)."""
-    if not speedup:
+    if not speedup and not isinstance(speedup, float):
         return "-"
-    return f"x{speedup:.4f} [{lo or 0:.4f}, {hi or 0:.4f}]"
+    if speedup == 0:
+        return "-"
+    return f"x{fmt_num(speedup)} [{fmt_num(lo)}, {fmt_num(hi)}]"
 
 
 def device_label(device: Mapping[str, Any] | Any, clocks: bool = True) -> str:
     """Where a number was measured: 'NVIDIA H200, driver 580.1, CUDA 13.0, SM 1980/1980 MHz'.
     `device`: a DeviceInfo or its dict form (as run records keep it)."""
-    d = device if isinstance(device, Mapping) else device.model_dump()
-    parts = [d.get("name") or "unknown device"]
+    d = device if isinstance(device, Mapping) else (device.model_dump() if hasattr(device, "model_dump") else {})
+    parts = [str(d.get("name") or "unknown device")]
     if d.get("driver"):
         parts.append(f"driver {d['driver']}")
     if d.get("cuda_runtime"):

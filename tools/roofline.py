@@ -18,7 +18,7 @@ PEAKS = {
 
 
 def device_key(device: dict | None) -> str | None:
-    name = (device or {}).get("name", "")
+    name = str((device if isinstance(device, dict) else {}).get("name") or "")
     return next((k for k in PEAKS if k in name), None)
 
 
