@@ -359,6 +359,11 @@ class Gate:
         if not res.ok or res.ab is None:
             return Verdict(accepted=False, stage="timing", reason=f"timing did not complete: {res.error}",
                            min_gain=m.min_gain, **common)
+        measured = {s.shape for s in res.ab.shapes}
+        missing = [sh.name for sh in self.task.bench_shapes if sh.name not in measured]
+        if missing:  # fail closed: a speedup over some shapes says nothing of the others
+            return Verdict(accepted=False, stage="timing", ab=res.ab, min_gain=m.min_gain, **common,
+                           reason="timing did not measure every bench shape: " + ", ".join(missing))
         recorded = self._recorded_times.get(best.lib, {})
         for s in res.ab.shapes:
             s.baseline_a = recorded.get(s.shape)

@@ -138,3 +138,19 @@ def test_work_after_return_over_all_timed_calls_is_caught_below_the_probe_bound(
     s.after_return_a, s.after_return_b = 5e-6, 0.3e-3
     v = gate.judge(report(s, speedup=1.3, lo=1.25, hi=1.35))
     assert not v.accepted and "outside the timed region" in v.reason and "after return" in v.reason
+
+
+def test_timing_that_left_out_a_bench_shape_is_rejected(gate):
+    """A real decision must measure every bench shape (fail closed): a gain on some says nothing of the rest."""
+    from types import SimpleNamespace
+
+    from tools.build import BuildResult
+
+    built, best = (BuildResult(ok=True, key=k, lib=f"/x/{k}.so", build_dir="/x") for k in ("cand", "best"))
+    res = SimpleNamespace(ok=True, error=None, device=None,
+                          ab=report(shape("sq192", 2.0, 1.9, 2.1), speedup=2.0, lo=1.9, hi=2.1))
+    v = gate._timed_verdict(res, built, best, None, 1, 2)
+    assert not v.accepted and v.stage == "timing"
+    assert "every bench shape" in v.reason and "wide" in v.reason
+    res.ab = report(shape("sq192", 2.0, 1.9, 2.1), shape("wide", 2.0, 1.9, 2.1), speedup=2.0, lo=1.9, hi=2.1)
+    assert gate._timed_verdict(res, built, best, None, 1, 2).accepted
