@@ -764,19 +764,21 @@ def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix
     else:
         table = Table(title=escape(f"audit of {report.branch} (base {report.base[:10]}, {report.task_rel}; from the {report.source})"),
                       title_justify="left")
+        # one column for the layers (green: passed, red: failed, dim: not run) keeps the table readable at 80 columns
         table.add_column("commit", no_wrap=True)
-        table.add_column("title", max_width=40)
-        for col in LAYERS:
-            table.add_column(col, no_wrap=True)
-        table.add_column("gain here")
-        table.add_column("reason", ratio=1, min_width=30)
+        table.add_column("title", no_wrap=True, overflow="ellipsis", max_width=18)
+        table.add_column("layers", min_width=14)
+        table.add_column("gain here", min_width=9)
+        table.add_column("reason", ratio=1, min_width=12)
         for r in report.rows:
-            cells = [{"ok": "[green]ok[/]", "FAIL": "[bold red]FAIL[/]"}.get(r.stages.get(k, ""), "[dim]-[/]") for k in LAYERS]
+            layers = " ".join({"ok": f"[green]{k}[/]", "FAIL": f"[bold red]{k.upper()} FAIL[/]"}.get(
+                r.stages.get(k, ""), f"[dim]({k})[/]") for k in LAYERS)
             why = escape(r.reason[:300]) if r.rejected else ""
             if r.note:
                 why = (why + "\n" if why else "") + f"[dim]{escape(r.note)}[/]"
-            table.add_row(r.commit[:10], escape(r.title), *cells, escape(r.gain), why)
+            table.add_row(r.commit[:10], escape(r.title), layers, escape(r.gain), why)
         console.print(table)
+        console.print("[dim]layers: green passed, red failed, (in brackets) not run[/]", highlight=False)
         if report.not_run:
             console.print(f"[yellow]{report.not_run}[/]", highlight=False)
         console.print(f"audited on: {report.machine or 'n/a'}", highlight=False)

@@ -78,7 +78,8 @@ class AuditReport(BaseModel):
         return [r for r in self.rows if r.rejected]
 
     def summary(self) -> str:
-        return f"{len(self.rejected)} of {len(self.rows)} accepted commits would now be rejected"
+        said = f"{len(self.rejected)} of {len(self.rows)} accepted commits would now be rejected"
+        return said + (" by the layers run here" if self.not_run else "")
 
 
 @dataclass

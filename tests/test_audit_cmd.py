@@ -130,7 +130,7 @@ def test_an_honest_run_audits_clean(tmp_path):
     row = out["rows"][0]
     assert row["commit"] == s["commits"][0] and row["attempt"] == 1 and not row["rejected"]
     assert row["stages"] == {"scope": "ok", "static": "ok", "build": "ok", "audit": "ok", "check": "ok", "timing": "not run"}
-    assert "--no-timing" in out["not_run"] and out["upto"] == "check" and out["summary"] == "0 of 1 accepted commits would now be rejected"
+    assert "--no-timing" in out["not_run"] and out["upto"] == "check" and out["summary"] == "0 of 1 accepted commits would now be rejected by the layers run here"
 
 
 def test_cheats_on_the_branch_are_listed_with_their_reasons(tmp_path):

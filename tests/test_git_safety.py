@@ -225,7 +225,7 @@ def test_session_whose_worktree_vanishes_mid_gate(tmp_path: Path, monkeypatch):
     assert s.ws.path.is_relative_to(root / ".kloop" / "runs")  # the default layout
     s.best_build = object()  # skip the baseline: no build needed to show the point
 
-    def gate_while_the_worktree_vanishes(candidate, best):
+    def gate_while_the_worktree_vanishes(candidate, best, **_):
         shutil.rmtree(s.ws.path)
         return Verdict(accepted=False, stage="check", reason="wrong results")
 
