@@ -88,6 +88,7 @@ CASES = {
     "rt_pyapi": (faster, ("timing", "undecided"), []),
     "rt_input_scratch": (lambda r: r["ok"] and r["inputs_same"], ("check",), ["modified its inputs"]),
     "rt_count_calls": (faster, ("timing",), ["outputs of timed calls are wrong"]),
+    "rt_timing_detect": (faster, ("check", "timing"), ["wrong"]),  # back-to-back calls skip the work
     "rt_thread_after_return": (faster, ("timing",), ["outside the timed region|outputs of timed calls are wrong"]),
     "rt_static_ctor": (faster, ("timing",), ["outside the timed region|outputs of timed calls are wrong"]),
     "rt_less_precise": (lambda r: r["ok"], ("check",), ["wrong results"]),
