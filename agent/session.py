@@ -28,7 +28,7 @@ from agent.runlock import RunLock
 from agent.workspace import Workspace
 from tools.agent_tools import session_toolbox
 from tools.base import ToolBox
-from tools.build import BuildResult
+from tools.build import BuildResult, code_digest
 from tools.fmt import device_label, fmt_ms, fmt_num, kernel_names, real
 from tools.port import SubmitRefused
 from tools.sandbox import SandboxStatus, SandboxUnavailable, require as require_sandbox_here, status as sandbox_status
@@ -411,7 +411,8 @@ class Session:
         if knobs:  # validated by the gate against the trusted manifest (TaskError: nothing is recorded)
             self.gate.write_knobs(self.ws.task_path, knobs)
         patch = self.ws.diff(against=self.best_commit)
-        if why := self.already_judged(patch):
+        digest = self._code_digest(patch)
+        if why := self.already_judged(patch, digest):
             if knobs:  # the knob settings written above go back to what they were
                 knobs_file.unlink(missing_ok=True) if knobs_before is None else knobs_file.write_bytes(knobs_before)
             self.log("note", text=f"submit refused without timing: {why}", data={"refused": title[:200]})
@@ -422,7 +423,8 @@ class Session:
                  patch=str(patch_path.relative_to(self.record.dir)), knobs=knobs or {},
                  gate_seconds=gate_seconds, best_commit=self.best_commit)
         verdict = self._evaluate_or_record_interrupt(number, changed, gate_seconds)
-        self.log("verdict", attempt=number, accepted=verdict.accepted, reason=verdict.reason, figures=verdict.figures())
+        figures = verdict.figures() | ({"code_digest": digest} if digest else {})
+        self.log("verdict", attempt=number, accepted=verdict.accepted, reason=verdict.reason, figures=figures)
         if verdict.accepted:
             sha = self.ws.commit(self._message(title, rationale, verdict.figures(), number))
             self.log("committed", attempt=number, commit=sha)
@@ -432,13 +434,34 @@ class Session:
             self.log("restored", to=self.best_commit, attempt=number)
         return verdict
 
-    def already_judged(self, patch: str) -> str | None:
-        """Why this exact patch must not be timed again (None: it may be judged): an earlier attempt
-        with the identical patch against the same best was rejected as not faster or as a regression.
-        Timing it again until one run passes is optional stopping: the gate's 95% bound would no
-        longer mean what it says. After 'undecided' a re-submit (with a longer gate) is allowed."""
+    def _code_digest(self, patch: str) -> str | None:
+        """The digest of the library the worktree builds to (tools.build.code_digest; the build is
+        the gate's own and cached, so its evaluation reuses it), or None when it does not build."""
         if not patch.strip():
             return None
+        try:
+            cand = Candidate(self.ws.task_path, self.ws.changed_paths(against=self.best_commit))
+            if self.gate.out_of_scope(cand) or self.gate.static_hits(cand):
+                return None  # the gate rejects (and records) it before any build
+            built = self.gate.build(cand)
+            return code_digest(built.lib) if built.ok and built.lib else None
+        except Exception:  # anything wrong with the build is the gate's to report
+            return None
+
+    def already_judged(self, patch: str, digest: str | None = None) -> str | None:
+        """Why this change must not be timed again (None: it may be judged): an earlier attempt against
+        the same best, with the identical patch or building to the identical code (`digest`: a comment
+        or whitespace apart), was rejected as not faster or as a regression. Timing it again until one
+        run passes is optional stopping: the gate's 95% bound would no longer mean what it says. After
+        'undecided' a re-submit (with a longer gate) is allowed. A change that builds to the best's own
+        code is refused too: timing it could only ever accept noise."""
+        if not patch.strip():
+            return None
+        best_lib = self.best_build.lib if self.best_build is not None and getattr(self.best_build, "ok", False) else None
+        if digest is not None and best_lib and Path(best_lib).is_file() and code_digest(best_lib) == digest:
+            return (f"this change builds to the same code as the best ({self.best_commit[:10]}): a comment or "
+                    "whitespace apart, there is nothing to time (a timing could only ever accept noise), so it is "
+                    "refused without timing and costs no attempt. Change the code, or revert")
         best_at: dict[int, str] = {}
         best = self.record.info.base_commit
         for a in self.attempts():
@@ -453,9 +476,11 @@ class Session:
             if stage != "timing" or not (slower or a.reason.startswith("not measurably faster")):
                 continue
             path = self.record.patch_path(a.number)
-            if path.is_file() and self.record.read_patch(a.number) == patch:
+            same_code = digest is not None and a.figures.get("code_digest") == digest
+            if same_code or (path.is_file() and self.record.read_patch(a.number) == patch):
                 what = "a regression" if slower else "not measurably faster"
-                return (f"attempt {a.number} ({a.title!r}) already submitted this exact change against this same best "
+                change = "this exact change" if not same_code else "a change that builds to this same code"
+                return (f"attempt {a.number} ({a.title!r}) already submitted {change} against this same best "
                         f"({self.best_commit[:10]}) and the gate found it {what}: {a.reason[:300]}. Timing the "
                         "identical change again until one run passes would be optional stopping (the 95% bound "
                         "would no longer hold), so it is refused without timing and costs no attempt. Change the "

@@ -329,6 +329,22 @@ def build(
 _DIAG = re.compile(r"^(?:In file included from |\s+from )?(?P<file>[^\s:(][^:(]*?)(?::\d+(?::\d+)?[:,]|\(\d+\):)")
 
 
+def code_digest(lib: str | Path) -> str:
+    """A digest of what a library runs: the contents of its loaded (SHF_ALLOC) sections, by name. Two
+    sources that compile to the same code (a comment or whitespace apart) have the same digest; any
+    change to instructions, constants or the embedded device code (.nv_fatbin) changes it."""
+    from elftools.elf.constants import SH_FLAGS
+    from elftools.elf.elffile import ELFFile
+
+    h = hashlib.sha256()
+    with open(lib, "rb") as f:
+        for sec in ELFFile(f).iter_sections():
+            if sec["sh_flags"] & SH_FLAGS.SHF_ALLOC and sec["sh_type"] != "SHT_NOBITS" \
+                    and sec.name != ".note.gnu.build-id":
+                h.update(sec.name.encode() + b"\0" + sec.data())
+    return h.hexdigest()
+
+
 def safe_log(log: str, src_dir: Path) -> str:
     """Compiler output fit to show and record: a diagnostic located in a file outside the task's
     copy and the toolchain's include folders (an `#include "/etc/passwd"` outside the sandbox) is
