@@ -53,3 +53,42 @@ def test_large_knob_spaces_are_sampled_with_tpe(tmp_path, monkeypatch):
     assert 1 <= len(rows) <= 4 and all(r.ok for r in rows)
     assert {"LOOP_ORDER": 0, "TILE": 0} in [r.knobs for r in rows]  # the enqueued starting point
     assert rows == sorted(rows, key=lambda r: r.score)
+
+
+def test_a_refused_submit_is_skipped_not_fatal(tmp_path):
+    """A setting the session refuses without judging (e.g. one that builds to the best's own code) costs
+    nothing and the tuner goes on to the next ranked setting."""
+    from tools.base import ToolResult
+    from tools.sweep import SweepRow
+
+    rows = [SweepRow(knobs={"K": 0}, ok=True, score=3.0), SweepRow(knobs={"K": 1}, ok=True, score=1.0),
+            SweepRow(knobs={"K": 2}, ok=True, score=2.0)]
+    submitted = []
+
+    class Box:
+        def call(self, name, args):
+            if name == "knobs":
+                return ToolResult(text="", data={"current": {"K": 0}, "knobs": {"K": [0, 1, 2]}, "space": 3})
+            assert name == "submit"
+            submitted.append(args["knobs"])
+            if args["knobs"] == {"K": 1}:
+                return ToolResult(ok=False, text="not run: builds to the same code as the best", event="refused")
+            return ToolResult(text="accepted", event="accepted", data={"accepted": True})
+
+    class Ctx:
+        toolbox = Box()
+
+        def events(self):
+            return [type("E", (), {"kind": "note", "text": "tuner ranking", "data": {"rows": [r.model_dump() for r in rows]}})()]
+
+        def attempts(self):
+            return []
+
+        def stop_reason(self):
+            return None
+
+        def log(self, *a, **k):
+            pass
+
+    reason = TunerPolicy(console=Console(file=open(tmp_path / "tuner.log", "w"))).run(Ctx())
+    assert submitted == [{"K": 1}, {"K": 2}] and reason == "search exhausted"

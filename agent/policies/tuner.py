@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from agent.policies.base import PolicyContext
 from tools.fmt import fmt_ms
@@ -142,7 +143,13 @@ class TunerPolicy:
             rationale = (f"The knob sweep ranked this setting {self._rel(best_score, row.score)} faster than the "
                          f"current best in quick timings ({row.device or 'this machine'}). Full setting: "
                          + " ".join(f"{k}={v}" for k, v in row.knobs.items()))
-            verdict = self._call(ctx, "submit", title=title[:200], rationale=rationale, knobs=row.knobs)
+            res = ctx.toolbox.call("submit", {"title": title[:200], "rationale": rationale, "knobs": row.knobs})
+            if res.event == "refused":  # not judged (e.g. it builds to the best's own code): no attempt, next one
+                self.console.print(f"[bold]tuner[/]: {escape(title)}: {escape(res.text[:300])}", highlight=False)
+                continue
+            if not res.ok:
+                raise PolicyToolError(f"submit: {res.text[:500]}")
+            verdict = res.data or {}
             if verdict["accepted"]:
                 current, best_score, misses = dict(row.knobs), row.score, 0
             else:
