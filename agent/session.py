@@ -411,7 +411,13 @@ class Session:
         if knobs:  # validated by the gate against the trusted manifest (TaskError: nothing is recorded)
             self.gate.write_knobs(self.ws.task_path, knobs)
         patch = self.ws.diff(against=self.best_commit)
-        digest = self._code_digest(patch)
+        prebuilt = time.monotonic()
+        self.current_attempt = number  # progress lines name the attempt being prepared
+        try:
+            digest = self._code_digest(patch)
+        finally:
+            self.current_attempt = None
+        prebuild_s = time.monotonic() - prebuilt  # the gate's build below is then a cache hit
         if why := self.already_judged(patch, digest):
             if knobs:  # the knob settings written above go back to what they were
                 knobs_file.unlink(missing_ok=True) if knobs_before is None else knobs_file.write_bytes(knobs_before)
@@ -423,6 +429,9 @@ class Session:
                  patch=str(patch_path.relative_to(self.record.dir)), knobs=knobs or {},
                  gate_seconds=gate_seconds, best_commit=self.best_commit)
         verdict = self._evaluate_or_record_interrupt(number, changed, gate_seconds)
+        if verdict.build is not None and "build" in verdict.stage_seconds:  # the compile happened before the gate's clock
+            verdict.stage_seconds["build"] = round(verdict.stage_seconds["build"] + prebuild_s, 3)
+            verdict.seconds = round(verdict.seconds + prebuild_s, 2)
         figures = verdict.figures() | ({"code_digest": digest} if digest else {})
         self.log("verdict", attempt=number, accepted=verdict.accepted, reason=verdict.reason, figures=figures)
         if verdict.accepted:
@@ -443,7 +452,10 @@ class Session:
             cand = Candidate(self.ws.task_path, self.ws.changed_paths(against=self.best_commit))
             if self.gate.out_of_scope(cand) or self.gate.static_hits(cand):
                 return None  # the gate rejects (and records) it before any build
+            started = time.monotonic()
+            self._on_stage("build", "started")
             built = self.gate.build(cand)
+            self._on_stage("build", "finished", ok=built.ok, seconds=time.monotonic() - started)
             return code_digest(built.lib) if built.ok and built.lib else None
         except Exception:  # anything wrong with the build is the gate's to report
             return None
