@@ -411,10 +411,11 @@ class Session:
         if knobs:  # validated by the gate against the trusted manifest (TaskError: nothing is recorded)
             self.gate.write_knobs(self.ws.task_path, knobs)
         patch = self.ws.diff(against=self.best_commit)
+        changed = self.ws.changed_paths(against=self.best_commit)
         prebuilt = time.monotonic()
         self.current_attempt = number  # progress lines name the attempt being prepared
         try:
-            digest = self._code_digest(patch)
+            digest = self._code_digest(patch, changed)
         finally:
             self.current_attempt = None
         prebuild_s = time.monotonic() - prebuilt  # the gate's build below is then a cache hit
@@ -423,7 +424,6 @@ class Session:
                 knobs_file.unlink(missing_ok=True) if knobs_before is None else knobs_file.write_bytes(knobs_before)
             self.log("note", text=f"submit refused without timing: {why}", data={"refused": title[:200]})
             raise SubmitRefused(why)
-        changed = self.ws.changed_paths(against=self.best_commit)
         patch_path = self.record.write_patch(number, patch)
         self.log("attempt_started", attempt=number, title=title, rationale=rationale,
                  patch=str(patch_path.relative_to(self.record.dir)), knobs=knobs or {},
@@ -443,13 +443,13 @@ class Session:
             self.log("restored", to=self.best_commit, attempt=number)
         return verdict
 
-    def _code_digest(self, patch: str) -> str | None:
+    def _code_digest(self, patch: str, changed: list[str]) -> str | None:
         """The digest of the library the worktree builds to (tools.build.code_digest; the build is
         the gate's own and cached, so its evaluation reuses it), or None when it does not build."""
         if not patch.strip():
             return None
         try:
-            cand = Candidate(self.ws.task_path, self.ws.changed_paths(against=self.best_commit))
+            cand = Candidate(self.ws.task_path, changed)
             if self.gate.out_of_scope(cand) or self.gate.static_hits(cand):
                 return None  # the gate rejects (and records) it before any build
             started = time.monotonic()
