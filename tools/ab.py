@@ -70,14 +70,14 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
     gen.manual_seed(seed)
     rng = random.Random(seed ^ 0x5EED)
     timer = lib_a.timer
-    share = arena.share_dict if arena is not None else (lambda d: d)
+    share = arena.share_dict if arena is not None else (lambda d, inputs=False: d)
 
     states = []
     for name in shapes:
         dims = task.shape(name).dims
         st = _Shape(name, dims, weights.get(name, 1.0), allowances.get(name, 0.03))
         for inputs, outs_a in make_sets(spec, dims, gen, device, timer):
-            _add_set(spec, st, share(inputs), share, lib_a, lib_b)
+            _add_set(spec, st, share(inputs, inputs=True), share, lib_a, lib_b)
         warm = [st.key(i) for i in range(len(st.sets))]
         lib_a.call(warm)
         lib_b.call(warm)
@@ -89,7 +89,7 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         per_set = tensors_bytes(st.sets[0][0]) + 2 * tensors_bytes(st.sets[0][1])
         cap = SET_MEMORY_CAP["cuda" if device.type == "cuda" else "cpu"] // max(per_set, 1)
         while len(st.sets) < max(min(st.k, cap), min(st.k * PAIRS_PER_PASS, MAX_SETS, cap)):
-            _add_set(spec, st, share(spec.make_inputs(dims, gen, device)), share, lib_a, lib_b)
+            _add_set(spec, st, share(spec.make_inputs(dims, gen, device), inputs=True), share, lib_a, lib_b)
         st.k = min(st.k, len(st.sets))
         states.append(st)
 
@@ -222,7 +222,7 @@ def refresh(spec: Spec, st: _Shape, gen: torch.Generator, share, lib_a, lib_b) -
     for i, (inputs, outs_a, outs_b) in enumerate(st.sets):
         fresh = spec.make_inputs(st.dims, gen, device)
         if not refill(inputs, fresh):  # the spec drew other shapes this time: new buffers for both
-            inputs = share(fresh)
+            inputs = share(fresh, inputs=True)
             outs_a, outs_b = share(spec.make_outputs(st.dims, inputs)), share(spec.make_outputs(st.dims, inputs))
             st.sets[i] = (inputs, outs_a, outs_b)
             lib_a.bind(st.key(i), st.dims, inputs, outs_a)

@@ -101,10 +101,10 @@ def bench_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, 
 def time_remote(lib, spec: Spec, name: str, dims: dict, sets, arena, max_seconds: float,
                 flops: float | None, nbytes: float | None) -> Timing:
     """Median seconds per call of the library in its runner, rotating over the input sets."""
-    share = arena.share_dict if arena is not None else (lambda d: d)
+    share = arena.share_dict if arena is not None else (lambda d, inputs=False: d)
     keys = []
     for i, (inp, out) in enumerate(sets):
-        inp, out = share(inp), share(out)
+        inp, out = share(inp, inputs=True), share(out)
         lib.bind(("bench", name, i), dims, inp, out)
         keys.append(("bench", name, i))
     lib.call(keys[:3])  # warm-up: first touch, clocks ramping

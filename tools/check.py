@@ -130,7 +130,7 @@ def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, 
     started = time.monotonic()
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    share = arena.share_dict if arena is not None else (lambda d: d)
+    share = arena.share_dict if arena is not None else (lambda d, inputs=False: d)
     # phase 1: every candidate call, keeping copies of what it was given and what it wrote
     runs = []  # (shape, round, dims, inputs copy, outputs copy, changed, error)
     dead = None
@@ -145,7 +145,7 @@ def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, 
             try:
                 fresh = spec.make_inputs(dims, gen, device)
                 if inputs is None or not refill(inputs, fresh):  # later rounds: new values, same addresses
-                    inputs = share(fresh)
+                    inputs = share(fresh, inputs=True)
                     outputs = share(spec.make_outputs(dims, inputs))
                     key = (name, rnd)
                     lib.bind(key, dims, inputs, outputs)
@@ -216,6 +216,9 @@ def _runner_failure(exc, device: torch.device) -> str:
     text = str(exc)
     if exc.kind == "crash" and device.type == "cpu" and ("SIGSEGV" in text or "SIGBUS" in text):
         text += " (inputs are mapped read-only in the runner: a kernel that writes into its inputs faults)"
+    elif device.type == "cuda" and _cuda_context_broken(exc):
+        text += (" (inputs are mapped read-only on the device: a kernel that writes into its inputs, even to"
+                 " restore them, faults with an illegal address)")
     return text
 
 

@@ -16,6 +16,7 @@ import json
 import mmap
 import os
 import pickle
+import socket
 import struct
 import sys
 import traceback
@@ -27,13 +28,15 @@ from tools.spec import load_spec
 from tools.timing import hold_device
 
 _DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-                               torch.int16, torch.int32, torch.int64, torch.bool)}
+                               torch.int16, torch.int32, torch.int64, torch.bool,
+                               *(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)))}
 
 
 class Host:
-    def __init__(self, cmd_fd: int, reply_fd: int):
+    def __init__(self, cmd_fd: int, reply_fd: int, fd_sock: int | None = None):
         self.cmd = os.fdopen(cmd_fd, "rb", buffering=0)
         self.reply_fd = reply_fd
+        self.fd_sock = socket.socket(fileno=fd_sock) if fd_sock is not None else None
         self.spec = None
         self.lib = None
         self.device = torch.device("cpu")
@@ -92,14 +95,43 @@ class Host:
     def bind(self, key, dims: dict, inputs: dict, outputs: dict, writable_inputs: bool = False) -> dict:
         """Map the buffers. `writable_inputs` (fault diagnosis only): inputs copy-on-write, so a write
         lands in pages private to this process, which the judge sees in /proc/<pid>/smaps."""
-        self.sets[key] = (dims, {k: self._tensor(v, "private" if writable_inputs else False) for k, v in inputs.items()},
-                          {k: self._tensor(v, True) for k, v in outputs.items()})
+        wanted = sum(1 for d in (*inputs.values(), *outputs.values()) if d[0] == "vmm")
+        fds = self._receive_fds(wanted)
+        try:
+            self.sets[key] = (dims, {k: self._tensor(v, "private" if writable_inputs else False, fds) for k, v in inputs.items()},
+                              {k: self._tensor(v, True, fds) for k, v in outputs.items()})
+        finally:
+            for fd in fds:  # imported ones are closed already; none stays open for the library to find
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
         return {}
 
-    def _tensor(self, desc, writable: bool):
+    def _receive_fds(self, n: int) -> list:
+        if n == 0:
+            return []
+        if self.fd_sock is None:
+            raise RuntimeError("device buffers sent to a runner without a descriptor socket")
+        _, fds, _, _ = socket.recv_fds(self.fd_sock, 16, n)
+        if len(fds) != n:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError(f"expected {n} buffer descriptors, received {len(fds)}")
+        return list(fds)
+
+    def _tensor(self, desc, writable: bool, fds: list = ()):
         kind = desc[0]
         if kind == "value":
             return desc[1]
+        if kind == "vmm":  # a device buffer of the judge's (tools/vmm.py): read-only unless an output
+            from tools import vmm
+
+            _, index, size, dtype, shape = desc
+            fd, fds[index] = fds[index], None
+            buf = vmm.ImportedBuffer(fd, size, self.device.index or 0, writable=writable is True)
+            return vmm.as_tensor(buf, _DTYPES[dtype], shape)
         if kind == "cuda":
             rebuild, args = desc[1], desc[2]
             return rebuild(*args)
@@ -247,10 +279,10 @@ def _read_exact(f, n: int):
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print("usage: python -m tools.libhost CMD_FD REPLY_FD", file=sys.stderr)
+    if len(argv) not in (3, 4):
+        print("usage: python -m tools.libhost CMD_FD REPLY_FD [FD_SOCKET]", file=sys.stderr)
         return 2
-    Host(int(argv[1]), int(argv[2])).serve()
+    Host(int(argv[1]), int(argv[2]), int(argv[3]) if len(argv) == 4 else None).serve()
     return 0
 
 

@@ -46,11 +46,19 @@ class RemoteLib:
         self.runner.loaded = str(lib_path)
 
     def bind(self, key, dims: dict, inputs: dict, outputs: dict, writable_inputs: bool = False) -> None:
-        """Buffers for calls under `key`. Inputs are read-only in the runner (CPU) unless
-        `writable_inputs` (only for the diagnosis of a fault, on copies)."""
+        """Buffers for calls under `key`. Inputs are read-only in the runner (CPU files; CUDA inputs shared
+        with `arena.share_dict(inputs=True)`) unless `writable_inputs` (only for the diagnosis of a fault, on copies)."""
         d = self.arena.describe
-        self.runner.request("bind", self.call_timeout, key=key, dims=dims, writable_inputs=writable_inputs,
-                            inputs={k: d(v) for k, v in inputs.items()}, outputs={k: d(v) for k, v in outputs.items()})
+        ins, outs = {k: d(v) for k, v in inputs.items()}, {k: d(v) for k, v in outputs.items()}
+        # device buffers travel as descriptors beside the request (the pickled description holds no fd)
+        fds = []
+        for descs in (ins, outs):
+            for k, desc in descs.items():
+                if desc[0] == "vmm":
+                    fds.append(desc[1])
+                    descs[k] = ("vmm", len(fds) - 1, *desc[2:])
+        self.runner.request("bind", self.call_timeout, fds=fds, key=key, dims=dims, writable_inputs=writable_inputs,
+                            inputs=ins, outputs=outs)
         self.bound.add(key)
 
     def _gap(self) -> None:

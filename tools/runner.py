@@ -24,12 +24,14 @@ import secrets
 import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -623,11 +625,14 @@ class Runner:
         self.name = name
         cmd_r, self._cmd_w = os.pipe()
         self._reply_r, reply_w = os.pipe()
+        # descriptors of device buffers (tools/vmm.py) go down this socket, in the order of the descriptions
+        self._fds, runner_fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.log_path = self.scratch / f"{name}.log"
-        self.proc = spawn_runner([sys.executable, "-m", "tools.libhost", str(cmd_r), str(reply_w)], runner_env(),
-                                 pass_fds=(cmd_r, reply_w), log_path=self.log_path)
+        self.proc = spawn_runner([sys.executable, "-m", "tools.libhost", str(cmd_r), str(reply_w), str(runner_fds.fileno())],
+                                 runner_env(), pass_fds=(cmd_r, reply_w, runner_fds.fileno()), log_path=self.log_path)
         os.close(cmd_r)
         os.close(reply_w)
+        runner_fds.close()
         self._buf = b""
         self._nonce = itertools.count(secrets.randbits(40))
         self.busy_s = 0.0  # wall seconds the judge saw this runner working (for the CPU-time audit)
@@ -640,7 +645,15 @@ class Runner:
         self.prepared = True
 
     # -- requests --------------------------------------------------------------------------------
-    def request(self, op: str, timeout: float, **kw) -> dict:
+    def request(self, op: str, timeout: float, fds: list[int] = (), **kw) -> dict:
+        """`fds`: descriptors the runner receives before it reads the request (tools/libhost.Host.bind)."""
+        if fds:
+            self._fds.settimeout(timeout)  # a runner that stops reading its socket cannot hang the judge
+            try:
+                socket.send_fds(self._fds, [b"f"], list(fds))
+            except OSError:
+                self.kill()
+                raise self._died("before the request")
         nonce = next(self._nonce)
         data = pickle.dumps((nonce, op, kw), protocol=pickle.HIGHEST_PROTOCOL)
         try:
@@ -773,12 +786,14 @@ class Runner:
                 os.close(fd)
             except OSError:
                 pass
+        self._fds.close()
 
 
 class SharedArena:
     """Tensors the judge allocates for runners. CPU: one file per tensor in a private /dev/shm folder,
     mapped here read-write (torch.from_file shared) and in the runner as the judge says (inputs
-    read-only). CUDA: plain device tensors, passed as IPC handles."""
+    read-only). CUDA: inputs in device memory the judge allocates and the runner maps read-only
+    (tools/vmm.py, `share_dict(inputs=True)`); outputs plain device tensors passed as IPC handles."""
 
     def __init__(self, device, root: Path | None = None):
         import torch
@@ -791,6 +806,7 @@ class SharedArena:
         self._n = itertools.count()
         self._torch = torch
         self.paths: dict[int, str] = {}  # id(tensor storage) -> file
+        self.exported: dict = {}  # device address -> weakref to its tools.vmm.ExportedBuffer
 
     def share(self, t):
         """A copy of `t` in shared memory (CPU) or `t` itself (CUDA); non-tensors pass through."""
@@ -809,8 +825,25 @@ class SharedArena:
         self.paths[shared.untyped_storage().data_ptr()] = str(path)
         return shared
 
-    def share_dict(self, d: dict) -> dict:
+    def share_dict(self, d: dict, inputs: bool = False) -> dict:
+        """`inputs`: the inputs of a call; on CUDA each goes in its own exported device buffer, which a
+        runner can only map read-only (on the CPU the runner maps every input file read-only)."""
+        if inputs and self.cuda:
+            return {k: self._share_device(v) for k, v in d.items()}
         return {k: self.share(v) for k, v in d.items()}
+
+    def _share_device(self, t):
+        from tools import vmm
+
+        torch = self._torch
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            return self.share(t)
+        t = t.contiguous()
+        buf = vmm.ExportedBuffer(t.numel() * t.element_size(), t.device.index or 0)
+        shared = vmm.as_tensor(buf, t.dtype, t.shape)
+        shared.copy_(t)
+        self.exported[shared.untyped_storage().data_ptr()] = weakref.ref(buf)
+        return shared
 
     def describe(self, t) -> tuple:
         """What a runner needs to map `t` (pickled down the pipe)."""
@@ -818,6 +851,10 @@ class SharedArena:
         if not isinstance(t, torch.Tensor):
             return ("value", t)
         if self.cuda:
+            ref = self.exported.get(t.untyped_storage().data_ptr())
+            buf = ref() if ref is not None else None
+            if buf is not None and buf.ptr == t.untyped_storage().data_ptr():
+                return ("vmm", buf.fd, buf.size, str(t.dtype), tuple(t.shape))
             from torch.multiprocessing.reductions import reduce_tensor
 
             rebuild, args = reduce_tensor(t)
