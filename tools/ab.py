@@ -53,7 +53,7 @@ class _Shape:
         self.rechecked = 0
         self.problem: str | None = None  # first wrong timed output seen
         self.probes = {"a": [], "b": []}  # (wall, extra, idle_cpu) per cold integrity probe
-        self.after_return = {"a": [], "b": []}  # CPU seconds per call used after answering, per pass
+        self.after_return = {"a": [], "b": []}  # CPU seconds per call used after answering, per timed sample
 
     def estimate(self) -> Estimate:
         return trimmed_estimate(self.log_ratios)
@@ -141,7 +141,7 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         row.probes = min(len(st.probes["a"]), len(st.probes["b"]))
         # work after return over every timed call (not only the probes) counts as work outside the timing
         for which in ("a", "b"):
-            leak = sum(st.after_return[which]) / max(1, len(st.after_return[which]))
+            leak = _median(st.after_return[which]) if st.after_return[which] else 0.0
             setattr(row, f"extra_{which}", getattr(row, f"extra_{which}") + leak)
             setattr(row, f"idle_cpu_{which}", getattr(row, f"idle_cpu_{which}") + leak)
             setattr(row, f"after_return_{which}", leak)
@@ -179,7 +179,7 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
     order = list(range(n))
     rng.shuffle(order)
     pairs = n // st.k
-    leak0 = {"a": lib_a.after_return_ns, "b": lib_b.after_return_ns}
+    leak0 = {"a": len(lib_a.sample_leaks), "b": len(lib_b.sample_leaks)}
     first = len(st.ta)
     for p in range(pairs):
         keys = [st.key(i) for i in order[p * st.k:(p + 1) * st.k]]
@@ -194,7 +194,7 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
     lib_b._gap()
     lib_a._pending = lib_b._pending = None
     for which, lib in (("a", lib_a), ("b", lib_b)):
-        st.after_return[which].append((lib.after_return_ns - leak0[which]) * 1e-9 / max(1, pairs * st.k))
+        st.after_return[which].extend(lib.sample_leaks[leak0[which]:])
     for ta, tb in zip(st.ta[first:], st.tb[first:]):
         st.log_ratios.append(math.log(ta / tb) if ta > 0 and tb > 0 and math.isfinite(ta / tb) else 0.0)
     called = order[:pairs * st.k]
