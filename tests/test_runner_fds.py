@@ -36,3 +36,48 @@ def test_a_buffer_descriptor_is_received_and_never_kept(tmp_path):
         os.close(r)
         os.close(w)
         runner.close()
+
+
+class _Arena:
+    """Describes every tensor as a device buffer with a fresh descriptor, as SharedArena does on CUDA."""
+
+    def __init__(self):
+        self.made = []
+
+    def describe(self, t):
+        r, w = os.pipe()
+        os.close(w)
+        self.made.append(r)
+        return ("vmm", r, 2 << 20, "torch.float32", (4,))
+
+
+class _Runner:
+    def __init__(self, fail: bool):
+        self.fail, self.sent = fail, None
+
+    def request(self, op, timeout, fds=(), **kw):
+        self.sent = (list(fds), kw)
+        if self.fail:
+            raise RunnerError("crash", "runner died")
+        return {"ok": True}
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_judge_closes_each_descriptor_once_sent(fail):
+    import torch
+
+    from tools.remote import RemoteLib
+
+    arena = _Arena()
+    lib = RemoteLib(_Runner(fail), arena, torch.device("cpu"), timer=None, call_timeout=1.0)
+    try:
+        lib.bind("k", {}, {"x": object(), "y": object()}, {"out": object()})
+    except RunnerError:
+        assert fail
+    fds, kw = lib.runner.sent
+    assert fds == arena.made and len(fds) == 3
+    # the descriptions carry indexes into the descriptors sent, never a descriptor number
+    assert [d[1] for d in (*kw["inputs"].values(), *kw["outputs"].values())] == [0, 1, 2]
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed in the judge

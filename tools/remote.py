@@ -14,6 +14,7 @@ under-reports shows the difference as work outside the timed region).
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -51,17 +52,23 @@ class RemoteLib:
     def bind(self, key, dims: dict, inputs: dict, outputs: dict, writable_inputs: bool = False) -> None:
         """Buffers for calls under `key`. Inputs are read-only in the runner (CPU files; CUDA inputs shared
         with `arena.share_dict(inputs=True)`) unless `writable_inputs` (only for the diagnosis of a fault, on copies)."""
-        d = self.arena.describe
-        ins, outs = {k: d(v) for k, v in inputs.items()}, {k: d(v) for k, v in outputs.items()}
-        # device buffers travel as descriptors beside the request (the pickled description holds no fd)
-        fds = []
-        for descs in (ins, outs):
-            for k, desc in descs.items():
-                if desc[0] == "vmm":
-                    fds.append(desc[1])
-                    descs[k] = ("vmm", len(fds) - 1, *desc[2:])
-        self.runner.request("bind", self.call_timeout, fds=fds, key=key, dims=dims, writable_inputs=writable_inputs,
-                            inputs=ins, outputs=outs)
+        # device buffers travel as descriptors beside the request (the pickled description holds an index)
+        fds: list[int] = []
+
+        def describe(t):
+            desc = self.arena.describe(t)
+            if desc[0] != "vmm":
+                return desc
+            fds.append(desc[1])
+            return ("vmm", len(fds) - 1, *desc[2:])
+
+        try:
+            ins, outs = {k: describe(v) for k, v in inputs.items()}, {k: describe(v) for k, v in outputs.items()}
+            self.runner.request("bind", self.call_timeout, fds=fds, key=key, dims=dims,
+                                writable_inputs=writable_inputs, inputs=ins, outputs=outs)
+        finally:
+            for fd in fds:  # the runner holds its own copies (or none, if it failed)
+                os.close(fd)
         self.bound.add(key)
 
     def _gap(self) -> None:

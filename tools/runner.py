@@ -846,7 +846,8 @@ class SharedArena:
         return shared
 
     def describe(self, t) -> tuple:
-        """What a runner needs to map `t` (pickled down the pipe)."""
+        """What a runner needs to map `t` (pickled down the pipe). A device buffer's description holds a
+        new descriptor, which the caller sends beside the request and then closes (RemoteLib.bind)."""
         torch = self._torch
         if not isinstance(t, torch.Tensor):
             return ("value", t)
@@ -854,7 +855,7 @@ class SharedArena:
             ref = self.exported.get(t.untyped_storage().data_ptr())
             buf = ref() if ref is not None else None
             if buf is not None and buf.ptr == t.untyped_storage().data_ptr():
-                return ("vmm", buf.fd, buf.size, str(t.dtype), tuple(t.shape))
+                return ("vmm", buf.export(), buf.size, str(t.dtype), tuple(t.shape))
             from torch.multiprocessing.reductions import reduce_tensor
 
             rebuild, args = reduce_tensor(t)

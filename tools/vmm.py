@@ -117,7 +117,8 @@ def _unmap(ptr: int, size: int) -> None:
 
 
 class ExportedBuffer:
-    """The judge's side: `nbytes` of device memory mapped read-write here, and a descriptor to send."""
+    """The judge's side: `nbytes` of device memory mapped read-write here; `export()` gives a descriptor
+    to send (one per bind, closed once sent: a judge holds hundreds of sets, never their descriptors)."""
 
     def __init__(self, nbytes: int, device: int = 0):
         cu = _driver()
@@ -129,16 +130,18 @@ class ExportedBuffer:
         _ck(cu.cuMemCreate(ctypes.byref(handle), self.size, ctypes.byref(_prop(device)), 0), "cuMemCreate")
         self._handle = handle.value
         self.ptr = 0
-        self.fd = -1
         try:
             self.ptr = _map(self._handle, self.size, device, _PROT_READWRITE)
-            fd = ctypes.c_int(-1)
-            _ck(cu.cuMemExportToShareableHandle(ctypes.addressof(fd), self._handle, _HANDLE_POSIX_FD, 0),
-                "cuMemExportToShareableHandle")
-            self.fd = fd.value
         except VmmError:
             self.close()
             raise
+
+    def export(self) -> int:
+        """A new descriptor of the allocation; the caller closes it."""
+        fd = ctypes.c_int(-1)
+        _ck(_driver().cuMemExportToShareableHandle(ctypes.addressof(fd), self._handle, _HANDLE_POSIX_FD, 0),
+            "cuMemExportToShareableHandle")
+        return fd.value
 
     def close(self) -> None:
         if self.ptr:
@@ -147,9 +150,6 @@ class ExportedBuffer:
         if self._handle:
             _driver().cuMemRelease(self._handle)  # the memory lives on while a runner maps it
             self._handle = 0
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
     def __del__(self):
         try:
