@@ -173,7 +173,8 @@ def _add_set(spec: Spec, st: _Shape, inputs: dict, share, lib_a, lib_b) -> None:
 
 
 def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a, lib_b, share) -> None:
-    """Fresh values and poison; every set called once per side in pairs; probes; a random re-check."""
+    """Fresh values and poison; every set called once per side in pairs; a random re-check of those calls;
+    probes on fresh values, their output checked too."""
     refresh(spec, st, gen, share, lib_a, lib_b)
     n = len(st.sets)
     order = list(range(n))
@@ -198,37 +199,64 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
     for ta, tb in zip(st.ta[first:], st.tb[first:]):
         st.log_ratios.append(math.log(ta / tb) if ta > 0 and tb > 0 and math.isfinite(ta / tb) else 0.0)
     called = order[:pairs * st.k]
-    # cold integrity probes, A and B alike, on a set both sides already computed in this pass
+    st.passes += 1
+    # the re-check first, on the outputs exactly as the timed calls left them: no later call (a probe)
+    # can have paid a debt into them by then
+    recheck = max(RECHECK_MIN, math.ceil(RECHECK_FRACTION * len(called)))
+    for i in rng.sample(called, min(recheck, len(called))):
+        _recheck(task, spec, st, i, f"pass {st.passes}, set {i}")
+    # cold integrity probes, A and B alike, each on fresh values (a probe must not be told from a timed
+    # call by values it has seen before), and the candidate's probe output checked too: an untimed call
+    # is no place to do owed work
     probe_set = called[rng.randrange(len(called))]
     # the idle window scales with the best's call time (same window for both): work handed to a thread
     # after return shows up in it whole
     idle_s = min(0.05, max(2e-3, 2 * _median(st.ta[-pairs:])))
     for _ in range(PROBES_PER_PASS):
+        fresh_values(spec, st, probe_set, gen, share, lib_a, lib_b)
         for which in (["b", "a"] if rng.random() < 0.5 else ["a", "b"]):
             lib = lib_a if which == "a" else lib_b
             st.probes[which].append(lib.probe(st.key(probe_set), idle_s))
-    st.passes += 1
-    recheck = max(RECHECK_MIN, math.ceil(RECHECK_FRACTION * len(called)))
-    for i in rng.sample(called, min(recheck, len(called))):
-        problem = recheck_set(task, spec, st, i)
-        st.rechecked += 1
-        if problem and st.problem is None:
-            st.problem = f"pass {st.passes}, set {i}: {problem}"
+        _recheck(task, spec, st, probe_set, f"pass {st.passes}, probe of set {probe_set}")
+
+
+def _recheck(task: Task, spec: Spec, st: _Shape, i: int, where: str) -> None:
+    problem = recheck_set(task, spec, st, i)
+    st.rechecked += 1
+    if problem and st.problem is None:
+        st.problem = f"{where}: {problem}"
 
 
 def refresh(spec: Spec, st: _Shape, gen: torch.Generator, share, lib_a, lib_b) -> None:
     """New input values in the same buffers and poisoned outputs, before every pass."""
-    device = next(t for t in st.sets[0][0].values() if isinstance(t, torch.Tensor)).device
-    for i, (inputs, outs_a, outs_b) in enumerate(st.sets):
-        fresh = spec.make_inputs(st.dims, gen, device)
-        if not refill(inputs, fresh):  # the spec drew other shapes this time: new buffers for both
-            inputs = share(fresh, inputs=True)
-            outs_a, outs_b = share(spec.make_outputs(st.dims, inputs)), share(spec.make_outputs(st.dims, inputs))
-            st.sets[i] = (inputs, outs_a, outs_b)
-            lib_a.bind(st.key(i), st.dims, inputs, outs_a)
-            lib_b.bind(st.key(i), st.dims, inputs, outs_b)
-        poison(outs_a)
-        poison(outs_b)
+    for i in range(len(st.sets)):
+        fresh_values(spec, st, i, gen, share, lib_a, lib_b, sync=False)
+    _sync(st)
+
+
+def fresh_values(spec: Spec, st: _Shape, i: int, gen: torch.Generator, share, lib_a, lib_b, sync: bool = True) -> None:
+    """New input values in set i's buffers (new buffers, bound to both sides, if the spec drew other
+    shapes) and both outputs poisoned."""
+    inputs, outs_a, outs_b = st.sets[i]
+    fresh = spec.make_inputs(st.dims, gen, _device(st))
+    if not refill(inputs, fresh):
+        inputs = share(fresh, inputs=True)
+        outs_a, outs_b = share(spec.make_outputs(st.dims, inputs)), share(spec.make_outputs(st.dims, inputs))
+        st.sets[i] = (inputs, outs_a, outs_b)
+        lib_a.bind(st.key(i), st.dims, inputs, outs_a)
+        lib_b.bind(st.key(i), st.dims, inputs, outs_b)
+    poison(outs_a)
+    poison(outs_b)
+    if sync:
+        _sync(st)
+
+
+def _device(st: _Shape) -> torch.device:
+    return next(t for t in st.sets[0][0].values() if isinstance(t, torch.Tensor)).device
+
+
+def _sync(st: _Shape) -> None:
+    device = _device(st)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
