@@ -101,7 +101,8 @@ def task_copy(tmp: Path, cheat: str) -> Path:
     dest = tmp / cheat
     shutil.copytree(TASK, dest)
     shutil.copyfile(CHEATS / f"{cheat}.cpp", dest / "matmul.cpp")
-    shutil.copyfile(CHEATS / "rt_common.h", dest / "rt_common.h")
+    for header in CHEATS.glob("rt_*.h"):
+        shutil.copyfile(header, dest / header.name)
     return dest
 
 
@@ -156,6 +157,97 @@ def test_candidate_code_never_loads_into_the_judge(gate, honest):
     with LibSession(gate.task, [honest.lib]) as libs:
         runner = libs.runners["lib0"]
         assert runner.proc.pid != os.getpid()
-        maps = Path(f"/proc/{runner.proc.pid}/maps").read_text()
-        assert honest.lib in maps
+        try:
+            maps = Path(f"/proc/{runner.proc.pid}/maps").read_text()
+        except PermissionError:  # a hardened runner's map is private to it (and to CAP_SYS_PTRACE)
+            maps = None
+        assert maps is None or honest.lib in maps
     assert honest.lib not in Path("/proc/self/maps").read_text()
+
+
+# A careful benchmark's harness: input sets rotated with fresh values every round, each timed call's
+# output compared (on copies of the inputs it was given) when it returns, inputs compared after it.
+NAIVE_ROTATING = r"""
+import ctypes, json, sys, time, torch
+cheat, honest, n, sets, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+torch.manual_seed(0); torch.set_num_threads(1)
+def load(p):
+    lib = ctypes.CDLL(p); lib.kloop_matmul.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3; return lib
+def call(lib, a, b, c):
+    lib.kloop_matmul(a.data_ptr(), b.data_ptr(), c.data_ptr(), a.shape[0], b.shape[1], a.shape[1])
+def timed(lib):
+    S = [(torch.empty(n, n), torch.empty(n, n), torch.empty(n, n)) for _ in range(sets)]
+    ts, wrong, changed = [], 0, 0
+    for r in range(rounds):
+        for a, b, c in S:
+            a.normal_(); b.normal_(); c.fill_(float('nan'))
+        for a, b, c in S:
+            a0, b0 = a.clone(), b.clone()
+            t = time.perf_counter(); call(lib, a, b, c); ts.append(time.perf_counter() - t)
+            wrong += not torch.allclose(c, a0 @ b0, rtol=1e-3, atol=1e-3)
+            changed += not (torch.equal(a, a0) and torch.equal(b, b0))
+    ts.sort()
+    return ts[len(ts) // 2], wrong, changed
+h, x = load(honest), load(cheat)
+ca, cb, cc = torch.randn(96, 96), torch.randn(96, 96), torch.empty(96, 96)
+call(x, ca, cb, cc)
+ok = bool(torch.allclose(cc, ca @ cb, rtol=1e-3, atol=1e-3))
+t_h, _, _ = timed(h)
+t_x, wrong_x, changed_x = timed(x)
+print(json.dumps({"check_ok": ok, "speedup": t_h / t_x, "wrong_when_timed": wrong_x, "inputs_changed": changed_x}))
+"""
+
+
+def naive_rotating(cheat_lib: str, honest_lib: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", NAIVE_ROTATING, cheat_lib, honest_lib, "192", "8", "8"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("cheat, stages, words", [
+    # half the rows in a timed call, the rest paid inside the next untimed call (the cold probe)
+    ("rt_lazy_probe", ("timing",), ["outputs of timed calls are wrong"]),
+    # libc reached without imports; the read-only input's file reopened writable, half of it zeroed
+    ("rt_input_rewrite", ("check", "timing", "undecided"), []),
+])
+def test_a_cheat_that_fools_a_careful_harness_and_not_the_gate(cheat, stages, words, gate, honest, tmp_path):
+    built = build(gate.task, src_root=task_copy(tmp_path, cheat))
+    assert built.ok, built.error_text()
+    r = naive_rotating(built.lib, honest.lib)
+    assert r["check_ok"] and r["speedup"] > 1.4 and (r["wrong_when_timed"] or r["inputs_changed"]), r
+    v = gate.judge_built(built, honest)
+    assert not v.accepted, v.summary()
+    assert v.stage in stages, v.summary()
+    for w in words:
+        assert any(alt in v.reason for alt in w.split("|")), v.summary()
+
+
+def test_the_best_cannot_be_slowed_from_the_candidates_runner(gate, honest, tmp_path):
+    """rt_sabotage_best is the honest product plus an attack: it finds the best's runner in /proc and
+    patches its code through /proc/<pid>/mem so every call runs twice (accepted at x1.9 before the
+    runners were hardened). A hardened runner's memory is closed to its neighbour: no gain is left."""
+    built = build(gate.task, src_root=task_copy(tmp_path, "rt_sabotage_best"))
+    assert built.ok, built.error_text()
+    v = gate.judge_built(built, honest)
+    assert not v.accepted, v.summary()
+    assert v.ab is None or v.ab.speedup < 1.3, v.summary()
+
+
+def test_a_runner_reaches_neither_the_judge_nor_the_other_runner(gate, honest, tmp_path):
+    """rt_probe_reach writes what it could do into its first output (so the failed check prints it):
+    10000 x (the judge's /proc/<pid>/mem opened for writing) + 1000 x (the other runner found in /proc)
+    + 100 x (its /proc/<pid>/mem opened for writing) + 10 x (kill(other, 0) allowed) + own pid mod 10."""
+    import re
+
+    built = build(gate.task, src_root=task_copy(tmp_path, "rt_probe_reach"))
+    assert built.ok, built.error_text()
+    v = gate.judge_built(built, honest)
+    assert not v.accepted and v.stage == "check", v.summary()
+    got = re.search(r"got (\d+)", v.reason)
+    assert got, v.summary()
+    code = int(got.group(1))
+    assert code // 1000 % 10 == 1, f"the probe did not find the other runner ({code}): it tests nothing here"
+    assert code // 10000 == 0, f"a runner opened the judge's memory for writing ({code})"
+    assert code // 100 % 10 == 0, f"a runner opened the other runner's memory for writing ({code})"
+    assert code // 10 % 10 == 0, f"a runner may signal the other runner ({code})"

@@ -44,7 +44,7 @@ class _Arena:
     def __init__(self):
         self.made = []
 
-    def describe(self, t):
+    def describe(self, t, writable=False):
         r, w = os.pipe()
         os.close(w)
         self.made.append(r)

@@ -170,13 +170,48 @@ def test_kernel_reading_the_environment_during_check_gets_nothing(tmp_path):
     assert got["ok"] and got["passed"], got
 
 
-def test_without_the_sandbox_the_same_kernel_finds_the_key(tmp_path):
-    """The control: the kernel above is effective where only the environment is cleaned (the key is
-    in the parent's /proc/<pid>/environ), so the test above can fail."""
+_NAIVE_HOST = """
+import ctypes, math, os, subprocess, sys
+if sys.argv[1] == "parent":  # holds the key, like a session; its child gets a cleaned environment
+    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
+    sys.exit(subprocess.run([sys.executable, sys.argv[2], "child", sys.argv[2], sys.argv[3]], env=env).returncode)
+lib = ctypes.CDLL(sys.argv[3])
+a, b, c = (ctypes.c_float * 1)(1.0), (ctypes.c_float * 1)(1.0), (ctypes.c_float * 1)(0.0)
+lib.kloop_matmul(a, b, c, 1, 1, 1)
+print("found" if math.isnan(c[0]) else "not found")
+"""
+
+
+def test_the_kernel_finds_the_key_where_only_the_environment_is_cleaned(tmp_path):
+    """The control: in a plain process whose environment was cleaned but whose parent holds the key
+    (in its /proc/<pid>/environ), the kernel above finds it, so the tests around can fail."""
+    if not Path("/proc/self/environ").exists():
+        pytest.skip("no /proc here")
+    import shutil
+
+    from tools.build import build
+    from tools.task import load_task
+
+    folder = tmp_path / "task"
+    shutil.copytree(ROOT / "kernels" / "matmul_cpu", folder)
+    (folder / "matmul.cpp").write_text(_LEAKY_KERNEL)
+    built = build(load_task(folder), cache_dir=tmp_path / "cache")
+    assert built.ok, built.error_text()
+    script = tmp_path / "host.py"
+    script.write_text(_NAIVE_HOST)
+    p = subprocess.run([sys.executable, str(script), "parent", str(script), built.lib], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, ANTHROPIC_API_KEY=KEY))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "found", p.stdout
+
+
+def test_without_the_sandbox_hardened_processes_still_keep_the_key(tmp_path):
+    """With the sandbox off (other processes visible in /proc), the session and the judge are not
+    dumpable and the runner has no capabilities: the same kernel finds nothing."""
     if not Path("/proc/self/environ").exists():
         pytest.skip("no /proc here")
     got = _check_with_key_in_parent(tmp_path, sandbox_off=True)
-    assert got["ok"] and not got["passed"], got
+    assert got["ok"] and got["passed"], got
 
 
 def test_tool_results_reach_the_model_redacted(monkeypatch):

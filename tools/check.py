@@ -189,8 +189,10 @@ def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, 
 
 def _wrote_inputs(exc, spec: Spec, dims: dict, before, arena, relaunch, device: torch.device) -> list[str]:
     """After a CPU fault: the same call in a fresh runner on copy-on-write copies of the inputs; the
-    names of the inputs it wrote into (even if it restored them), read from the runner's memory map by
-    the kernel (/proc/<pid>/smaps: written pages became private). Empty: the crash was something else."""
+    names of the inputs it wrote into (even if it restored them): the runner reads its own memory map
+    (/proc/self/smaps: written pages became private; the judge cannot read a hardened runner's). It
+    only names what faulted already (the verdict is a failure either way), so its word is enough.
+    Empty: the crash was something else."""
     if exc.kind != "crash" or device.type != "cpu" or relaunch is None or arena is None or before is None:
         return []
     if "SIGSEGV" not in str(exc) and "SIGBUS" not in str(exc):
@@ -202,9 +204,9 @@ def _wrote_inputs(exc, spec: Spec, dims: dict, before, arena, relaunch, device: 
         outputs = arena.share_dict(spec.make_outputs(dims, copies))
         lib.bind("diagnose", dims, copies, outputs, writable_inputs=True)
         lib.call(["diagnose"])
-        paths = {name: arena.describe(t)[1] for name, t in copies.items() if isinstance(t, torch.Tensor) and t.numel()}
-        written = lib.runner.written_files(set(paths.values()))
-        return sorted(name for name, path in paths.items() if path in written) or changed_inputs(before, copies)
+        written = lib.runner.request("written_inputs", lib.call_timeout, key="diagnose").get("names")
+        named = sorted(n for n in written if n in copies) if isinstance(written, list) else []
+        return named or changed_inputs(before, copies)
     except Exception:
         return []
     finally:

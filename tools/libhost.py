@@ -24,6 +24,7 @@ import warnings
 
 import torch  # imported before any untrusted code loads (and so the library cannot race it)
 
+from tools.sandbox import harden_process
 from tools.spec import load_spec
 from tools.timing import hold_device
 
@@ -78,6 +79,7 @@ class Host:
         else:
             torch.set_num_threads(1)
         self.spec = load_spec(spec_path)
+        harden_process()  # not dumpable, no capabilities: the other runner and the judge stay out of reach
         _lockdown(self.device.type == "cuda")
         return {}
 
@@ -95,7 +97,7 @@ class Host:
     def bind(self, key, dims: dict, inputs: dict, outputs: dict, writable_inputs: bool = False) -> dict:
         """Map the buffers. `writable_inputs` (fault diagnosis only): inputs copy-on-write, so a write
         lands in pages private to this process, which the judge sees in /proc/<pid>/smaps."""
-        wanted = sum(1 for d in (*inputs.values(), *outputs.values()) if d[0] == "vmm")
+        wanted = sum(1 for d in (*inputs.values(), *outputs.values()) if d[0] in ("vmm", "fd"))
         fds = self._receive_fds(wanted)
         try:
             self.sets[key] = (dims, {k: self._tensor(v, "private" if writable_inputs else False, fds) for k, v in inputs.items()},
@@ -135,11 +137,14 @@ class Host:
         if kind == "cuda":
             rebuild, args = desc[1], desc[2]
             return rebuild(*args)
-        _, path, dtype, shape, nbytes = desc
-        if nbytes == 0:
-            return torch.empty(shape, dtype=_DTYPES[dtype])
-        # inputs: opened read-only and mapped PROT_READ, so neither a write nor an mprotect can change them
-        fd = os.open(path, os.O_RDWR if writable is True else os.O_RDONLY)
+        if kind == "empty":
+            return torch.empty(desc[2], dtype=_DTYPES[desc[1]])
+        if kind != "fd":
+            raise ValueError(f"unknown buffer description {kind!r}")
+        # a shared-memory file the judge allocated, by descriptor (it has no name any more): inputs come
+        # read-only and are mapped PROT_READ, so neither a write nor an mprotect can change them
+        _, index, dtype, shape, nbytes = desc
+        fd, fds[index] = fds[index], None
         try:
             mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE if writable == "private" else mmap.MAP_SHARED,
                            prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
@@ -150,6 +155,22 @@ class Host:
             warnings.simplefilter("ignore")  # "the given buffer is not writable": that is the point
             t = torch.frombuffer(mm, dtype=_DTYPES[dtype])
         return t.view(shape)
+
+    def written_inputs(self, key) -> dict:
+        """The inputs of `key` (bound with writable_inputs: copy-on-write) whose pages the calls wrote,
+        from this process's own memory map (written pages turned anonymous)."""
+        _, inputs, _ = self.sets[key]
+        starts = {name: t.data_ptr() for name, t in inputs.items() if isinstance(t, torch.Tensor) and t.numel()}
+        names, current = set(), []
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
+                    lo, hi = (int(x, 16) for x in head[0].split("-"))
+                    current = [n for n, p in starts.items() if lo <= p < hi]
+                elif current and head and head[0] == "Anonymous:" and int(head[1]) > 0:
+                    names.update(current)
+        return {"names": sorted(names)}
 
     def unbind(self, keys: list) -> dict:
         for k in keys:

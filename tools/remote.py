@@ -52,18 +52,19 @@ class RemoteLib:
     def bind(self, key, dims: dict, inputs: dict, outputs: dict, writable_inputs: bool = False) -> None:
         """Buffers for calls under `key`. Inputs are read-only in the runner (CPU files; CUDA inputs shared
         with `arena.share_dict(inputs=True)`) unless `writable_inputs` (only for the diagnosis of a fault, on copies)."""
-        # device buffers travel as descriptors beside the request (the pickled description holds an index)
+        # buffers travel as descriptors beside the request (the pickled description holds an index)
         fds: list[int] = []
 
-        def describe(t):
-            desc = self.arena.describe(t)
-            if desc[0] != "vmm":
+        def describe(t, writable: bool):
+            desc = self.arena.describe(t, writable=writable)
+            if desc[0] not in ("vmm", "fd"):
                 return desc
             fds.append(desc[1])
-            return ("vmm", len(fds) - 1, *desc[2:])
+            return (desc[0], len(fds) - 1, *desc[2:])
 
         try:
-            ins, outs = {k: describe(v) for k, v in inputs.items()}, {k: describe(v) for k, v in outputs.items()}
+            ins = {k: describe(v, False) for k, v in inputs.items()}
+            outs = {k: describe(v, True) for k, v in outputs.items()}
             self.runner.request("bind", self.call_timeout, fds=fds, key=key, dims=dims,
                                 writable_inputs=writable_inputs, inputs=ins, outputs=outs)
         finally:

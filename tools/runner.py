@@ -18,6 +18,7 @@ import atexit
 import functools
 import itertools
 import json
+import mmap
 import os
 import pickle
 import secrets
@@ -38,7 +39,7 @@ from pydantic import ValidationError
 
 from tools.proc import kill_group, tail
 from tools.protocol import WorkerRequest, WorkerResult
-from tools.sandbox import LOCKDOWN_VAR, minimal_env, status, wrap
+from tools.sandbox import LOCKDOWN_VAR, keep_secrets_in, minimal_env, status, wrap
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,6 +81,7 @@ def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = No
     The scratch folder is named after this process (`kloop-worker-<pid>-...`), so one left behind by
     a killed session is recognised and removed by the next worker start. An exception raised while
     waiting (a second Ctrl-C) kills the worker's whole process group before it propagates."""
+    keep_secrets_in()  # before any process that will run candidate code exists
     if standby is not None:
         try:
             if prefix is None:
@@ -153,6 +155,7 @@ class JudgeStandby:
     its own process group with PR_SET_PDEATHSIG, bwrap --die-with-parent) and on `close()`."""
 
     def __init__(self, task_dir: str | os.PathLike):
+        keep_secrets_in()
         remove_stale_scratch()
         self.task_dir = Path(task_dir).resolve()
         self.root = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-standby-"))
@@ -736,21 +739,6 @@ class Runner:
                 pass
         return total
 
-    def written_files(self, paths: set[str]) -> set[str]:
-        """Which of these privately mapped files the runner wrote into (pages turned anonymous)."""
-        written, current = set(), None
-        try:
-            with open(f"/proc/{self.proc.pid}/smaps") as f:
-                for line in f:
-                    head = line.split()
-                    if len(head) >= 6 and "-" in head[0] and not head[0].endswith(":"):
-                        current = head[5] if head[5] in paths else None
-                    elif current and head and head[0] == "Anonymous:" and int(head[1]) > 0:
-                        written.add(current)
-        except (OSError, ValueError, IndexError):
-            pass
-        return written
-
     def threads(self) -> int:
         try:
             return len(os.listdir(f"/proc/{self.proc.pid}/task"))
@@ -790,10 +778,11 @@ class Runner:
 
 
 class SharedArena:
-    """Tensors the judge allocates for runners. CPU: one file per tensor in a private /dev/shm folder,
-    mapped here read-write (torch.from_file shared) and in the runner as the judge says (inputs
-    read-only). CUDA: inputs in device memory the judge allocates and the runner maps read-only
-    (tools/vmm.py, `share_dict(inputs=True)`); outputs plain device tensors passed as IPC handles."""
+    """Tensors the judge allocates for runners, reachable by no name. CPU: each tensor in its own file,
+    created in a private /dev/shm folder and unlinked at once, mapped here read-write; a runner gets a
+    descriptor of it beside the request (read-only for an input, whose file is also made read-only,
+    so no reopening makes it writable) and maps it as told. CUDA: inputs in device memory the runner
+    maps read-only (tools/vmm.py); outputs plain device tensors passed as IPC handles."""
 
     def __init__(self, device, root: Path | None = None):
         import torch
@@ -803,26 +792,42 @@ class SharedArena:
         base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         # named after the judge's pid: run_worker removes what a killed judge left behind
         self.dir = Path(tempfile.mkdtemp(prefix=f"{ARENA_PREFIX}{os.getpid()}-", dir=root or base))
-        self._n = itertools.count()
         self._torch = torch
-        self.paths: dict[int, str] = {}  # id(tensor storage) -> file
+        self.fds: dict[int, int] = {}  # address of a CPU tensor's storage -> the judge's descriptor of its file
         self.exported: dict = {}  # device address -> weakref to its tools.vmm.ExportedBuffer
+        _more_descriptors()
 
-    def share(self, t):
-        """A copy of `t` in shared memory (CPU) or `t` itself (CUDA); non-tensors pass through."""
+    def share(self, t, read_only: bool = False):
+        """A copy of `t` in shared memory (CPU) or `t` itself (CUDA); non-tensors pass through.
+        `read_only` (CPU): the file's mode becomes 0400 (this process keeps its writable mapping)."""
         torch = self._torch
         if not isinstance(t, torch.Tensor):
             return t
         if self.cuda:
             return t.contiguous()
         t = t.contiguous()
-        path = self.dir / f"t{next(self._n)}"
-        numel = t.numel()
-        if numel == 0:
+        nbytes = t.numel() * t.element_size()
+        if nbytes == 0:
             return t
-        shared = torch.from_file(str(path), shared=True, size=numel, dtype=t.dtype).view(t.shape)
+        while True:  # an unguessable name, created exclusively: nothing can be waiting at it
+            path = self.dir / f"t{secrets.token_hex(8)}"
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                break
+            except FileExistsError:
+                continue
+        os.unlink(path)
+        try:
+            os.ftruncate(fd, nbytes)
+            mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            if read_only:
+                os.fchmod(fd, 0o400)
+        except OSError:
+            os.close(fd)
+            raise
+        shared = torch.frombuffer(mm, dtype=t.dtype).view(t.shape)  # the tensor keeps the mapping
         shared.copy_(t)
-        self.paths[shared.untyped_storage().data_ptr()] = str(path)
+        self.fds[shared.untyped_storage().data_ptr()] = fd
         return shared
 
     def share_dict(self, d: dict, inputs: bool = False) -> dict:
@@ -830,7 +835,7 @@ class SharedArena:
         runner can only map read-only (on the CPU the runner maps every input file read-only)."""
         if inputs and self.cuda:
             return {k: self._share_device(v) for k, v in d.items()}
-        return {k: self.share(v) for k, v in d.items()}
+        return {k: self.share(v, read_only=inputs) for k, v in d.items()}
 
     def _share_device(self, t):
         from tools import vmm
@@ -845,9 +850,10 @@ class SharedArena:
         self.exported[shared.untyped_storage().data_ptr()] = weakref.ref(buf)
         return shared
 
-    def describe(self, t) -> tuple:
-        """What a runner needs to map `t` (pickled down the pipe). A device buffer's description holds a
-        new descriptor, which the caller sends beside the request and then closes (RemoteLib.bind)."""
+    def describe(self, t, writable: bool = False) -> tuple:
+        """What a runner needs to map `t` (pickled down the pipe). A buffer's description holds a new
+        descriptor (read-only unless `writable`), which the caller sends beside the request and then
+        closes (RemoteLib.bind)."""
         torch = self._torch
         if not isinstance(t, torch.Tensor):
             return ("value", t)
@@ -860,22 +866,43 @@ class SharedArena:
 
             rebuild, args = reduce_tensor(t)
             return ("cuda", rebuild, args)
-        if t.numel() == 0:
-            return ("file", "", str(t.dtype), tuple(t.shape), 0)
-        path = self.paths.get(t.untyped_storage().data_ptr())
-        if path is None:
+        nbytes = t.numel() * t.element_size()
+        if nbytes == 0:
+            return ("empty", str(t.dtype), tuple(t.shape))
+        fd = self.fds.get(t.untyped_storage().data_ptr())
+        if fd is None:
             raise ValueError("tensor not allocated by this arena (share it first)")
-        return ("file", path, str(t.dtype), tuple(t.shape), t.numel() * t.element_size())
+        if writable:
+            return ("fd", os.dup(fd), str(t.dtype), tuple(t.shape), nbytes)
+        return ("fd", os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC), str(t.dtype), tuple(t.shape), nbytes)
 
     def release(self, d: dict) -> None:
-        """Forget the files of these tensors (the mappings stay valid; the names go away)."""
+        """Close this process's descriptors of these tensors (the mappings stay valid)."""
         for t in d.values():
             if isinstance(t, self._torch.Tensor) and not self.cuda and t.numel():
-                path = self.paths.pop(t.untyped_storage().data_ptr(), None)
-                if path:
-                    Path(path).unlink(missing_ok=True)
+                fd = self.fds.pop(t.untyped_storage().data_ptr(), None)
+                if fd is not None:
+                    os.close(fd)
 
     def close(self) -> None:
-        import shutil
-
+        for fd in self.fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _more_descriptors() -> None:
+    """A judge holds a descriptor per shared tensor (up to 256 rotated sets per shape): its soft limit
+    goes up to the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass

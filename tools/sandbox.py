@@ -237,9 +237,21 @@ DENIED_SYSCALLS = (
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
     "swapon", "swapoff", "acct", "settimeofday", "clock_settime", "adjtimex", "iopl", "ioperm",
     "perf_event_open", "quotactl", "name_to_handle_at", "open_by_handle_at",
+    "pidfd_send_signal", "process_madvise", "process_mrelease", "tkill",
+    # a runner's input arrives as a read-only descriptor of a 0400 file: its owner could chmod it back
+    "chmod", "fchmod", "fchmodat", "fchmodat2",
 )
+# syscalls that name another process: allowed on this process only, so a runner can neither signal,
+# stop, renice, re-pin nor re-limit the judge or the other runner. Signals: arg 0 must be this pid
+# (glibc's raise() passes it); the others: arg 0 must be 0 ("this thread/process")
+SIGNALS_TO_SELF_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
+PID_ZERO_ONLY = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr", "prlimit64",
+                 "migrate_pages", "move_pages")
+# ... and by (which, who) in args 0 and 1: setpriority(PRIO_PROCESS, 0), ioprio_set(IOPRIO_WHO_PROCESS, 0) only
+SELF_ONLY_BY_WHO = {"setpriority": 0, "ioprio_set": 1}
 CLONE_THREAD = 0x00010000
 AF_UNIX = 1
+PR_SET_DUMPABLE = 4
 
 
 def lockdown(*, allow_unix_sockets: bool = False) -> None:
@@ -265,11 +277,60 @@ def lockdown(*, allow_unix_sockets: bool = False) -> None:
             pass
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))
+    for name in SIGNALS_TO_SELF_ONLY:
+        _add(f, eperm, name, sc.Arg(0, sc.NE, os.getpid()))
+    for name in PID_ZERO_ONLY:
+        _add(f, eperm, name, sc.Arg(0, sc.NE, 0))
+    for name, which in SELF_ONLY_BY_WHO.items():
+        _add(f, eperm, name, sc.Arg(0, sc.NE, which))
+        _add(f, eperm, name, sc.Arg(1, sc.NE, 0))
+    f.add_rule(eperm, "prctl", sc.Arg(0, sc.EQ, PR_SET_DUMPABLE))  # harden_process() cannot be undone
     if allow_unix_sockets:
         f.add_rule(eperm, "socket", sc.Arg(0, sc.NE, AF_UNIX))
     else:
         f.add_rule(eperm, "socket")
     f.load()
+
+
+def _add(f, action, name: str, *args) -> None:
+    try:
+        f.add_rule(action, name, *args)
+    except (OSError, ValueError, RuntimeError):  # a syscall this kernel/libseccomp does not know
+        pass
+
+
+def keep_secrets_in() -> None:
+    """This process (the session, which may hold an API key in its environment) not dumpable: its
+    `/proc/<pid>/environ` and memory are closed to processes of the same user without
+    CAP_SYS_PTRACE, hardened runners included, sandbox or not. What ssh-agent does for its keys.
+    Capabilities are kept: the session is the user's own process."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def harden_process() -> None:
+    """Make this process unreachable for its neighbours of the same user: not dumpable (its
+    `/proc/<pid>/mem`, `fd/`, `environ` and `maps` need CAP_SYS_PTRACE, and nobody may ptrace it) and
+    without capabilities (a runner started as root keeps none: no CAP_SYS_PTRACE to reach the
+    others, no CAP_DAC_OVERRIDE to open a read-only input for writing, no CAP_SYS_ADMIN for
+    `/proc/self/map_files`). Called by runners before the library loads and by the judge on CPU
+    tasks; lockdown() then forbids making the process dumpable again."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3, all zero
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset (dropping every capability) failed")
 
 
 def lockdown_requested(environ: Mapping[str, str] | None = None) -> bool:

@@ -53,6 +53,11 @@ class Judge:
             torch.zeros(1, device=self.device)  # the CUDA context, now rather than at the first input
         else:  # no idle OpenMP threads of ours competing with the timed calls
             torch.set_num_threads(1)
+            # out of the runners' reach (/proc/<judge>/mem, fd/): the seed, references and verdict live here.
+            # Not yet on CUDA tasks: whether the driver's IPC needs the exporter dumpable is untested.
+            from tools.sandbox import harden_process
+
+            harden_process()
         self.info = describe(self.device)
         self.spec = load_spec(task.spec_path)
         self.timer = Timer(self.device)
