@@ -217,7 +217,8 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
         for which in (["b", "a"] if rng.random() < 0.5 else ["a", "b"]):
             lib = lib_a if which == "a" else lib_b
             st.probes[which].append(lib.probe(st.key(probe_set), idle_s))
-        _recheck(task, spec, st, probe_set, f"pass {st.passes}, probe of set {probe_set}")
+    # the last probe's output (one reference more per pass: for attention shapes a reference is dear)
+    _recheck(task, spec, st, probe_set, f"pass {st.passes}, probe of set {probe_set}")
 
 
 def _recheck(task: Task, spec: Spec, st: _Shape, i: int, where: str) -> None:
