@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import platform
 import subprocess
-
-import torch
+from typing import TYPE_CHECKING
 
 from tools.proc import find_program
 from tools.protocol import DeviceInfo
+
+if TYPE_CHECKING:  # torch is imported where it is used: `missing_device` on a CPU task needs none
+    import torch
 
 
 def _nvidia_smi(index: int) -> dict[str, str]:
@@ -45,6 +47,8 @@ def cpu_name() -> str:
 
 
 def describe(device: torch.device) -> DeviceInfo:
+    import torch
+
     host = platform.node()
     if device.type != "cuda":
         import os
@@ -62,6 +66,8 @@ def describe(device: torch.device) -> DeviceInfo:
 
 
 def gpu_available() -> bool:
+    import torch
+
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
