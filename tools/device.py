@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from typing import TYPE_CHECKING
@@ -51,8 +52,6 @@ def describe(device: torch.device) -> DeviceInfo:
 
     host = platform.node()
     if device.type != "cuda":
-        import os
-
         return DeviceInfo(kind="cpu", name=f"{cpu_name()} ({os.cpu_count()} threads)", torch=torch.__version__, host=host)
     index = device.index or 0
     props = torch.cuda.get_device_properties(index)
@@ -66,6 +65,8 @@ def describe(device: torch.device) -> DeviceInfo:
 
 
 def gpu_available() -> bool:
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":  # no device visible to CUDA: no need to load torch to say so
+        return False
     import torch
 
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
