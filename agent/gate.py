@@ -30,7 +30,6 @@ from tools.scope import change_refusal, symlink_component
 from tools.task import KNOBS_FILE, TaskError, load_task
 from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_task_build
 from tools.build import BuildResult, build
-from tools.check import format_check
 from tools.fmt import fmt_ms, fmt_num, fmt_speedup
 from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest
 from tools.runner import StandbySlot, run_worker
@@ -110,6 +109,8 @@ class Verdict(BaseModel):
                              f"{fmt_speedup(s.speedup, s.speedup_lo, s.speedup_hi)} ({s.pairs} pairs)")
             lines.append(f"  timing: {self.ab.pairs} pairs in {fmt_num(self.ab.timing_seconds, '.1f')} s ({self.ab.stopped_because})")
         if self.check and not self.check.passed:
+            from tools.check import format_check  # imports torch: not at startup of a CLI command that needs none
+
             lines.append(format_check(self.check))
         if self.stage_seconds:
             lines.append("  " + self.stages_line())

@@ -238,6 +238,7 @@ def test_session_killed_mid_gate_resumes(tmp_path):
     assert len(attempts) == 1 and attempts[0].accepted is False and "interrupted" in attempts[0].reason
     assert s.ws.head() == s.ws.base_commit
     assert s.ws.changed_paths(against=s.best_commit) == []
+    assert s.reuse_baseline()  # as `kloop resume` does (Session.run): the recorded baseline, not a second one
     v = s.submit("Loop order i-k-j", "", knobs={"LOOP_ORDER": 1})
     assert v.accepted, v.summary()
     assert [e.kind for e in s.events()].count("session_started") == 2

@@ -30,7 +30,7 @@ from agent.policies.tuner import TunerPolicy
 from agent.records import RunRecord
 from agent.run_view import load_view
 from agent.session import Session
-from tests.test_gate_session import make_repo
+from tests.fakes import commit_all, make_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "softmax_h200"
@@ -49,9 +49,15 @@ needs_browser = pytest.mark.skipif(not Path(CHROMIUM).is_file() and not REQUIRED
 
 @pytest.fixture(scope="module")
 def runs_root(tmp_path_factory) -> Path:
-    """A runs folder holding a fresh CPU session (tuner, at most 2 attempts) and the H200 fixture."""
+    """A runs folder holding a fresh CPU session (tuner, at most 2 attempts) and the H200 fixture.
+    The tile knob keeps one value: a 2-setting sweep instead of 6 (each setting is timed in its own worker,
+    ~4.5 s here); the attempts are as with all six here (i-k-j ranks first and is accepted, nothing else ranks faster)."""
     tmp = tmp_path_factory.mktemp("web")
     repo = make_repo(tmp)
+    manifest = repo / "kernels" / "matmul_cpu" / "task.toml"
+    assert "values = [0, 16, 64]" in manifest.read_text()
+    manifest.write_text(manifest.read_text().replace("values = [0, 16, 64]", "values = [0]"))
+    commit_all(repo, "no tiling")
     session = Session.start(repo / "kernels" / "matmul_cpu", "tuner", Budget(max_attempts=2), runs_root=tmp / "runs",
                             gate_config=GateConfig(max_seconds=1.0, min_pairs=8))
     session.run(TunerPolicy(seconds_per_shape=0.1, console=Console(file=open(tmp / "tuner.log", "w"))))

@@ -55,18 +55,35 @@ def test_gate_seconds_validated():
     assert cli.returncode == 2 and "--gate-seconds" in cli.stderr and "30" in cli.stderr, cli.stderr
 
 
-@pytest.fixture()
-def service(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def shared_service(tmp_path_factory):
+    """One session (its baseline measured once) for the tests below: none of them lands a commit, and
+    each starts from the best with the tree clean and counts only the attempts it made itself."""
     from agent.gate import GateConfig
     from agent.policies.base import Budget
     from agent.session_service import SessionService
 
-    monkeypatch.setenv("KLOOP_CACHE", os.environ.get("KLOOP_CACHE", str(tmp_path / "cache")))
-    task = make_repo(tmp_path)
-    svc = SessionService.start(task, "cli", Budget(), runs_root=tmp_path / "runs", gate_config=GateConfig(max_seconds=2))
-    assert svc.ensure_best() is None
-    yield svc
-    svc.close()
+    tmp = tmp_path_factory.mktemp("gate_seconds")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KLOOP_CACHE", os.environ.get("KLOOP_CACHE", str(tmp / "cache")))
+        task = make_repo(tmp)
+        svc = SessionService.start(task, "cli", Budget(), runs_root=tmp / "runs", gate_config=GateConfig(max_seconds=2))
+        try:
+            assert svc.ensure_best() is None
+            yield svc
+        finally:
+            svc.close()
+
+
+@pytest.fixture()
+def service(shared_service):
+    s = shared_service.session
+    best = s.best_commit
+    s.ws.restore(best)
+    assert s.ws.changed_paths(against=best) == []
+    yield shared_service
+    assert s.best_commit == best  # nothing here may land
+    s.ws.restore(best)
 
 
 def _attempts(svc):
@@ -79,21 +96,24 @@ def test_a_slower_change_resubmitted_identically_is_refused(service):
     base_text = src.read_text()
     slower = base_text.replace(WASTE[2], WASTE[2] + WASTE[2] + WASTE[2])  # 6 products instead of 4: x0.67
     src.write_text(slower)
+    before = len(_attempts(service))
     first = service.call("submit", {"title": "Compute the product six times", "gate_seconds": 2})
     assert first.event == "rejected" and first.data["stage"] == "timing", first.text
     assert first.data["reason"].startswith("regression beyond"), first.text
+    assert len(_attempts(service)) == before + 1
     assert _attempts(service)[-1].gate_seconds == 2 and _attempts(service)[-1].best_commit == service.session.best_commit
+    number = _attempts(service)[-1].attempt
 
     src.write_text(slower)  # the same change again, hoping for a luckier timing
     again = service.call("submit", {"title": "Same again, longer", "gate_seconds": 10})
     assert not again.ok and again.event == "refused" and again.text.startswith("not run:"), again.text
-    assert "attempt 1" in again.text and "optional stopping" in again.text and "regression" in again.text
-    assert len(_attempts(service)) == 1  # no attempt spent, nothing timed
+    assert f"attempt {number} " in again.text and "optional stopping" in again.text and "regression" in again.text
+    assert len(_attempts(service)) == before + 1  # no attempt spent, nothing timed
     assert src.read_text() == slower  # the worktree is left as it was
 
     src.write_text(slower.replace(WASTE[0], ""))  # a different change is judged as usual
     third = service.call("submit", {"title": "Five products"})
-    assert third.event in ("accepted", "rejected") and len(_attempts(service)) == 2
+    assert third.event in ("accepted", "rejected") and len(_attempts(service)) == before + 2
     assert _attempts(service)[-1].gate_seconds is None
 
 
@@ -103,9 +123,10 @@ def test_a_change_that_builds_to_the_best_s_code_is_not_timed(service):
     src = service.session.ws.task_path / "matmul.cpp"
     changed = src.read_text() + "// a comment: the same code\n"
     src.write_text(changed)
+    before = len(_attempts(service))
     first = service.call("submit", {"title": "A comment only", "gate_seconds": 1})
     assert not first.ok and first.event == "refused", first.text
-    assert "same code as the best" in first.text and not _attempts(service)
+    assert "same code as the best" in first.text and len(_attempts(service)) == before
     assert src.read_text() == changed
 
 
@@ -114,11 +135,15 @@ def test_a_slower_change_dressed_up_is_refused_by_its_code(service):
     """Optional stopping with a cosmetic edit: the slower change plus a comment is a new patch but the same
     code, so after 'regression' it is refused like the identical patch."""
     src = service.session.ws.task_path / "matmul.cpp"
-    slower = src.read_text().replace(WASTE[2], WASTE[2] + WASTE[2] + WASTE[2])
+    # eight products instead of four (x0.5): a change no other test here submits
+    slower = src.read_text().replace(WASTE[2], WASTE[2] * 5)
     src.write_text(slower)
-    first = service.call("submit", {"title": "Compute the product six times", "gate_seconds": 2})
+    before = len(_attempts(service))
+    first = service.call("submit", {"title": "Compute the product eight times", "gate_seconds": 2})
     assert first.event == "rejected" and first.data["reason"].startswith("regression beyond"), first.text
+    assert len(_attempts(service)) == before + 1
+    number = _attempts(service)[-1].attempt
     src.write_text(slower + "\n// reworded, same code\n")
     again = service.call("submit", {"title": "Same code, a comment more", "gate_seconds": 10})
-    assert again.event == "refused" and "builds to this same code" in again.text and "attempt 1" in again.text, again.text
-    assert len(_attempts(service)) == 1
+    assert again.event == "refused" and "builds to this same code" in again.text and f"attempt {number} " in again.text, again.text
+    assert len(_attempts(service)) == before + 1

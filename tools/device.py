@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
-
-import torch
+from typing import TYPE_CHECKING
 
 from tools.proc import find_program
 from tools.protocol import DeviceInfo
+
+if TYPE_CHECKING:  # torch is imported where it is used: `missing_device` on a CPU task needs none
+    import torch
 
 
 def _nvidia_smi(index: int) -> dict[str, str]:
@@ -45,10 +48,10 @@ def cpu_name() -> str:
 
 
 def describe(device: torch.device) -> DeviceInfo:
+    import torch
+
     host = platform.node()
     if device.type != "cuda":
-        import os
-
         return DeviceInfo(kind="cpu", name=f"{cpu_name()} ({os.cpu_count()} threads)", torch=torch.__version__, host=host)
     index = device.index or 0
     props = torch.cuda.get_device_properties(index)
@@ -62,6 +65,10 @@ def describe(device: torch.device) -> DeviceInfo:
 
 
 def gpu_available() -> bool:
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":  # no device visible to CUDA: no need to load torch to say so
+        return False
+    import torch
+
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 

@@ -18,8 +18,6 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
-
 from tools.task import load_task
 from tools.protocol import WorkerRequest, WorkerResult
 from tools.spec import load_spec
@@ -39,14 +37,19 @@ class Judge:
     library is named: all a pre-started standby does before it waits for its request."""
 
     def __init__(self, task, names: list[str], scratch: Path):
-        from tools.device import describe
-        from tools.remote import SharedArena, start_runners
-        from tools.timing import Timer
+        from tools.runner import Runner
 
         self.task = task
         self.scratch = scratch
+        # the runners first: their torch import overlaps ours (torch is imported here, not at the top)
+        self.runners = {n: Runner(scratch, n) for n in names}
+        import torch
+
+        from tools.device import describe
+        from tools.remote import SharedArena
+        from tools.timing import Timer
+
         self.device = torch.device("cuda" if task.target == "cuda" else "cpu")
-        self.runners = start_runners(names, scratch)  # their torch import overlaps ours below
         self.arena = SharedArena(self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(0)
@@ -79,21 +82,24 @@ def runner_names(kind: str, libs: list[str]) -> list[str]:
 
 def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
     """Answer one request; `judge`: a pre-started one (standby) whose runners hold no library yet."""
-    from tools.remote import RemoteLib, RunnerError, start_runners
-
     task = load_task(req.task_dir) if judge is None else judge.task
-    device = torch.device("cuda" if task.target == "cuda" else "cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        return WorkerResult(ok=False, error="this task needs a CUDA GPU and none is visible here")
+    if task.target == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return WorkerResult(ok=False, error="this task needs a CUDA GPU and none is visible here")
     names = runner_names(req.kind, req.libs)
     stages: dict[str, float] = {}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kloop-judge-") as scratch:
         if judge is None:
-            judge = Judge(task, names, Path(scratch))
+            judge = Judge(task, names, Path(scratch))  # starts the runners, then imports torch
         else:
             for n in [n for n in judge.runners if n not in names]:  # pre-started, never given a library
                 judge.runners.pop(n).close()
+        from tools.remote import RemoteLib, RunnerError, start_runners
+
+        device = judge.device
         runners, arena, timer, spec, info = judge.runners, judge.arena, judge.timer, judge.spec, judge.info
         try:
             stages["start"] = round(time.monotonic() - t0, 3)
