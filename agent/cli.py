@@ -787,6 +787,47 @@ def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix
         raise typer.Exit(EXIT_FAILURE)
 
 
+@app.command("export")
+def export_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix), run folder, 'last', or a branch kloop/<run-id>."),
+               out: Path = typer.Option(..., "-o", "--out", help="Folder to write the package into (new or empty)."),
+               runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+               repo: Optional[Path] = typer.Option(None, help="Repository holding the branch (default: the current directory's; for a run: as recorded)."),
+               namespace: str = typer.Option("kloop", help="The op's namespace: torch.ops.<namespace>.<task>.")) -> None:
+    """A run's accepted kernel as a pip-installable torch.library op (refused if `kloop audit` rejects a commit)."""
+    from agent.export import ExportError, export
+    from agent.reaudit import AuditInputError, target_from_branch, target_from_run
+    from agent.workspace import WorkspaceError, find_repo
+
+    run_dir = None
+    try:
+        if run.startswith("kloop/"):
+            where = Path(repo or Path.cwd()).expanduser()
+            top = find_repo(where) if where.exists() else None
+            if top is None:
+                fail(f"{where} is not inside a git repository: pass --repo for branch {run}")
+            roots = [_runs_root(runs_dir, top) if runs_dir else _runs_root(None, top / ".")]
+            if top.parent.name == "_tasks":
+                roots.append(top.parent.parent)
+            target = target_from_branch(top, run, roots)
+            run_dir = next((Path(r) / target.run_id for r in roots if (Path(r) / target.run_id / "run.json").is_file()), None)
+        else:
+            run_dir = resolve_run(run, runs_dir)
+            target = target_from_run(run_dir, repo)
+        err_console.print(f"auditing the accepted commits of {target.branch} (scope, rules, build, audit, check) ...")
+        result = export(target, out, namespace=namespace, run_dir=run_dir)
+    except AuditInputError as exc:
+        fail(str(exc))
+    except ExportError as exc:
+        fail(str(exc), code=EXIT_FAILURE if "audit would now reject" in str(exc) else EXIT_USAGE)
+    except WorkspaceError as exc:
+        fail(str(exc), code=EXIT_FAILURE)
+    a = result.audit
+    console.print(f"wrote {result.out}: package {result.package}, op {result.op}, commit {result.commit[:12]}", highlight=False)
+    console.print(f"audit: {len(a.rows)} accepted commit(s), none rejected" + (f" ({a.not_run})" if a.not_run else ""),
+                  highlight=False)
+    console.print(f"next: pip install {result.out} && python -m pytest {result.out / 'tests'}", highlight=False)
+
+
 def _error_exit(exc: BaseException) -> int:
     """One paragraph for an error that escaped a command (no internal traceback; KLOOP_DEBUG=1 shows it)."""
     import os

@@ -1,0 +1,88 @@
+"""`kloop export RUN -o DIR`: the accepted kernel as a pip-installable torch.library op.
+
+The session branch is the hand-made one of test_audit_cmd (an honest knob change, accepted-looking
+commits with kloop's trailers, a run record naming them): the export's own audit runs scope, rules,
+build, audit of what was built and check, which no noise can change."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_audit_cmd import RUN_ID, invoke, session_repo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_export_installs_and_its_own_test_passes(tmp_path):
+    s = session_repo(tmp_path)
+    out = tmp_path / "pkg"
+    res = invoke("export", RUN_ID, "--runs-dir", str(s["runs"]), "-o", str(out))
+    assert res.exit_code == 0, res.output
+    assert "torch.ops.kloop.matmul_cpu" in res.stdout
+    pkg = out / "kloop_matmul_cpu"
+    prov = json.loads((pkg / "provenance.json").read_text())
+    assert prov["commit"] == s["commits"][-1] and prov["run_id"] == RUN_ID and prov["base_commit"] == s["base"]
+    assert prov["evidence"]["Kloop-Speedup"] == "1.5000" and prov["knobs"]["LOOP_ORDER"] == 1
+    assert prov["audit"] == {"machine": prov["audit"]["machine"], "layers_run_up_to": "check",
+                             "not_run": prov["audit"]["not_run"], "commits": 1, "rejected": 0}
+    # the accepted source, the knob setting as a define, and the trusted spec with its helpers vendored
+    build_py = (pkg / "_build.py").read_text()
+    assert "'-DLOOP_ORDER=1'" in build_py and "'-DTILE=0'" in build_py
+    assert (pkg / "kernel" / "matmul.cpp").read_text() == (s["repo"] / "kernels/matmul_cpu/matmul.cpp").read_text()
+    assert "from ._kloop_spec import" in (pkg / "spec.py").read_text() and not (pkg / "kernel" / "spec.py").exists()
+
+    # pip installs it (no kloop needed), then the package's own test runs from outside the checkout
+    site = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--target", str(site), str(out)], capture_output=True, text=True)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env.update(PYTHONPATH=str(site), KLOOP_EXPORT_BUILD_DIR=str(tmp_path / "build"))
+    test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(out / "tests")],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert test.returncode == 0, test.stdout[-3000:] + test.stderr[-2000:]
+    assert "passed" in test.stdout and "failed" not in test.stdout
+    # the installed package runs without kloop: calling the op imports none of kloop's modules
+    probe = ("import sys, torch, kloop_matmul_cpu as k; c = k.op(torch.ones(2, 3), torch.ones(3, 4), 2, 4, 3);"
+             "print(k.__file__, float(c.sum()), sorted(m for m in sys.modules if m.split('.')[0] in ('tools', 'agent')))")
+    where = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert where.returncode == 0, where.stderr[-2000:]
+    assert where.stdout.split() == [str(site / "kloop_matmul_cpu" / "__init__.py"), "24.0", "[]"]
+
+
+def test_export_is_refused_when_the_audit_rejects_a_commit(tmp_path):
+    s = session_repo(tmp_path, cheats=["cache"])
+    out = tmp_path / "pkg"
+    res = invoke("export", RUN_ID, "--runs-dir", str(s["runs"]), "-o", str(out))
+    assert res.exit_code == 1, res.output
+    assert "audit would now reject 1 of 2" in res.output and "Reuse the last product" in res.output
+    assert not out.exists()
+
+
+def test_export_refuses_a_folder_that_is_not_empty(tmp_path):
+    s = session_repo(tmp_path)
+    out = tmp_path / "pkg"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    res = invoke("export", RUN_ID, "--runs-dir", str(s["runs"]), "-o", str(out))
+    assert res.exit_code == 2 and "not an empty folder" in res.output
+    assert (out / "mine.txt").read_text() == "keep" and len(list(out.iterdir())) == 1
+
+
+def test_op_signature_of_each_shipped_task():
+    from agent.export import op_signature
+    from agent.locations import shipped_tasks_dir
+    from tools.spec import load_spec
+    from tools.task import load_task
+
+    want = {"matmul_cpu": (["a", "b"], ["c"], ["m", "n", "k"]), "softmax": (["x"], ["y"], ["rows", "cols"])}
+    for name, (ins, outs, dims) in want.items():
+        task = load_task(shipped_tasks_dir() / name)
+        sig = op_signature(task, load_spec(task.root / task.manifest.spec))
+        assert (sig.inputs, sig.outputs, [d for d, _ in sig.dims]) == (ins, outs, dims), name
