@@ -229,7 +229,7 @@ def resolve_run(run: str, runs_dir: Optional[Path]) -> Path:
     raise AssertionError
 
 
-def make_policy(agent: str, model: Optional[str], seed: Optional[int], claude: Optional[dict] = None):
+def make_policy(agent: str, model: Optional[str], seed: Optional[int], claude: Optional[dict] = None, workers: int = 1):
     """A policy that can drive a session, from the registry (agent/policies/__init__.py). `claude`: the
     Claude policy's settings (max_tokens, effort, thinking, context_limit, retry_hours), as
     `ClaudePolicy.settings()` records them in run.json (so `resume` continues with the same ones)."""
@@ -247,7 +247,7 @@ def make_policy(agent: str, model: Optional[str], seed: Optional[int], claude: O
         fail(f"--agent {agent} needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the environment; "
              "without one, use --agent tuner")
     try:
-        return from_registry(agent, model=model, seed=seed, console=err_console, claude=claude)
+        return from_registry(agent, model=model, seed=seed, console=err_console, claude=claude, workers=workers)
     except PolicyError as exc:
         fail(f"--agent {agent}: {exc}" if agent != "claude" else str(exc))
 
@@ -391,6 +391,8 @@ def optimize(
     gate_seconds: float = typer.Option(4.0, help="Gate: timing seconds per decision."),
     seed: Optional[int] = typer.Option(None, help="Tuner: sampler seed."),
     require_sandbox: bool = typer.Option(False, "--require-sandbox", help="Refuse to run where untrusted kernel code cannot be sandboxed (bubblewrap + seccomp)."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Judge candidates in parallel on Ray: 'local' starts one here, or a cluster ADDRESS (ray://host:10001 or host:6379)."),
+    workers: int = typer.Option(1, "--workers", help="With --ray: judges (one per GPU, or per CPU for a CPU task); the tuner judges its top settings this many at a time.", callback=_at_least(1, False)),
 ) -> None:
     """Run an optimisation session: accepted changes land as commits on branch kloop/<run-id>."""
     from agent.gate import GateConfig
@@ -410,13 +412,16 @@ def optimize(
     agent = agent or _default_agent()
     claude = {"max_tokens": max_tokens, "effort": effort, "thinking": _thinking_option(thinking, thinking_budget),
               "context_limit": context_limit, "retry_hours": retry_hours, "max_retry_wait_s": retry_max_wait}
-    policy = make_policy(agent, model, seed, claude)
+    if workers > 1 and ray is None:
+        fail("--workers N needs --ray local (or --ray ADDRESS): one judge per device, never two on one")
+    policy = make_policy(agent, model, seed, claude, workers=workers)
     if agent == "claude" and max_turns is None and max_cost is None and max_hours is None and max_attempts is None:
         max_turns, max_cost = 100, 20.0  # never spend without a bound
     budget = Budget(max_turns=max_turns, max_cost_usd=max_cost, max_hours=max_hours, max_attempts=max_attempts)
     try:
         session = Session.start(t.root, policy.name, budget, runs_root=_runs_root(runs_dir, t.root), allow_dirty=allow_dirty,
-                                config={"model": getattr(policy, "model", None), "seed": seed,
+                                                config={"model": getattr(policy, "model", None), "seed": seed, "ray": ray,
+                                        "workers": workers if ray else None,
                                         **({"claude": policy.settings()} if hasattr(policy, "settings") else {})},
                                 gate_config=GateConfig(max_seconds=gate_seconds, require_sandbox=require_sandbox))
     except (WorkspaceError, TaskError, SessionError) as exc:
@@ -425,9 +430,26 @@ def optimize(
     err_console.print(f"run [bold]{info.run_id}[/]: task {t.name}, policy {policy.name}, branch {info.branch}\n"
                       f"  worktree {info.worktree}\n  record   {session.record.dir}", highlight=False)
     _print_sandbox(info.sandbox)
+    _attach_pool(session, ray, workers)
     reason = _run_session(session, policy)
     _finish(session, reason)
     _api_gave_up(reason, info.run_id)
+
+
+def _attach_pool(session, ray: Optional[str], workers: int) -> None:
+    """--ray: the session's judges (agent/parallel.py); a pool that cannot start ends the session cleanly."""
+    if ray is None:
+        return
+    from agent.parallel import PoolError, RayPool
+
+    err_console.print(f"  judges   starting {workers} on Ray ({ray}) ...", highlight=False)
+    try:
+        session.pool = RayPool(ray, workers, session.gate)
+    except PoolError as exc:
+        session.close()
+        fail(str(exc), code=EXIT_FAILURE)
+    for name in session.pool.names:
+        err_console.print(f"  judge    {name}", highlight=False)
 
 
 def _print_sandbox(sandbox: dict) -> None:
@@ -476,7 +498,8 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
     info = session.record.info
     config = info.config or {}
     try:  # after the lock: a run held by a live process is refused first, whatever its policy
-        policy = make_policy(info.policy, model or config.get("model"), None, config.get("claude"))
+        policy = make_policy(info.policy, model or config.get("model"), None, config.get("claude"),
+                             workers=int(config.get("workers") or 1))
     except typer.Exit:
         session.close()
         raise
@@ -491,6 +514,7 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
     offered = session.interrupted_attempt()
     if offered:
         err_console.print(f"  attempt {offered.number} ({offered.title}) was interrupted: offered to the policy again", highlight=False)
+    _attach_pool(session, config.get("ray"), int(config.get("workers") or 1))
     reason = _run_session(session, policy)
     _finish(session, reason)
     _api_gave_up(reason, info.run_id)

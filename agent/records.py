@@ -229,6 +229,7 @@ class Verdict(_Event):
     accepted: bool
     reason: str
     figures: dict[str, Any] = Field(default_factory=dict)  # speedup, ci, per-shape times, ...
+    worker: str | None = None  # the judge that decided (agent/parallel.py: name@host:pid), when a pool did
 
 
 class Committed(_Event):

@@ -184,6 +184,7 @@ class Session:
         gate.on_stage = self._on_stage
         self.lock: RunLock | None = None  # one process per run: held from start/resume to the end of run()
         self.sandbox: SandboxStatus | None = None  # what isolates untrusted code here (known once opened)
+        self.pool = None  # agent/parallel.py JudgePool for submit_batch (None: the session's own gate, serially)
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
@@ -442,6 +443,87 @@ class Session:
             self.ws.restore(self.best_commit)
             self.log("restored", to=self.best_commit, attempt=number)
         return verdict
+
+    def submit_batch(self, items: list[dict[str, Any]], gate_seconds: float | None = None) -> list[Verdict | str]:
+        """Several candidates (each the current sources with its own knob settings: `title`, `rationale`,
+        `knobs`) judged against the SAME best, in parallel when the session has a judge pool
+        (agent/parallel.py), one after the other otherwise. Each is an attempt, recorded ahead
+        (`attempt_started`, best_commit = this best). Of those the gate accepts, the fastest (highest
+        speedup, then lower bound) is committed; the others are recorded as `superseded` (judged faster than
+        a best that is no longer the best: not committed, as the branch must stay a chain in which each commit
+        was proven faster than its parent). A job whose worker died or never answered is `interrupted`.
+        Returns, per item, its verdict or the reason it was refused without judging (no attempt spent)."""
+        from agent.parallel import JudgeJob, LocalPool, task_files
+
+        if self.best_build is None:
+            self.establish_baseline()
+        if self.budget.max_attempts is not None:  # budgets are totals: enforced before work is handed out
+            items = items[:max(0, self.budget.max_attempts - self.attempts_made())]
+        knobs_file = self.ws.task_path / KNOBS_FILE
+        knobs_before = knobs_file.read_bytes() if knobs_file.is_file() else None
+        out: list[Verdict | str | None] = [None] * len(items)
+        jobs: list[JudgeJob] = []
+        meta: dict[int, tuple[int, dict]] = {}
+        best = self.best_commit
+        try:
+            for i, item in enumerate(items):
+                knobs = item.get("knobs") or {}
+                if knobs:
+                    self.gate.write_knobs(self.ws.task_path, knobs)
+                patch = self.ws.diff(against=best)
+                changed = self.ws.changed_paths(against=best)
+                if why := self.already_judged(patch):
+                    out[i] = why
+                    self.log("note", text=f"submit refused without timing: {why}", data={"refused": item["title"][:200]})
+                else:
+                    number = self.attempts_made() + 1
+                    patch_path = self.record.write_patch(number, patch)
+                    self.log("attempt_started", attempt=number, title=item["title"], rationale=item.get("rationale", ""),
+                             patch=str(patch_path.relative_to(self.record.dir)), knobs=knobs,
+                             gate_seconds=gate_seconds, best_commit=best)
+                    jobs.append(JudgeJob(number, task_files(self.ws.task_path), changed))
+                    meta[number] = (i, item)
+                knobs_file.unlink(missing_ok=True) if knobs_before is None else knobs_file.write_bytes(knobs_before)
+        finally:
+            knobs_file.unlink(missing_ok=True) if knobs_before is None else knobs_file.write_bytes(knobs_before)
+        pool = self.pool or LocalPool(self.gate, lambda: self.best_build)
+        best_files = task_files(self.ws.task_path) if jobs else {}
+        results = pool.judge(jobs, best_files, gate_seconds) if jobs else []
+        accepted = [r for r in results if r.verdict is not None and r.verdict.accepted]
+        winner = max(accepted, key=lambda r: (r.verdict.speedup or 0, r.verdict.speedup_lo or 0), default=None)
+        for r in results:  # every verdict but the winner's first: the winner's commit is the last move
+            if r is winner:
+                continue
+            if r.verdict is None:
+                self.log("verdict", attempt=r.number, accepted=False, reason=f"interrupted: {r.problem}",
+                         figures={"stage": "interrupted"}, worker=r.worker)
+            elif r.verdict.accepted:
+                figures = r.verdict.figures() | {"stage": "superseded"}
+                self.log("verdict", attempt=r.number, accepted=False, figures=figures, worker=r.worker, reason=(
+                    f"superseded: {r.verdict.reason} against {best[:10]}, judged at the same time as attempt "
+                    f"{winner.number} (x{winner.verdict.speedup:.4f}), which was committed; submit it again to judge "
+                    "it against the new best"))
+            else:
+                self.log("verdict", attempt=r.number, accepted=False, reason=r.verdict.reason,
+                         figures=r.verdict.figures(), worker=r.worker)
+            out[meta[r.number][0]] = r.verdict
+        if winner is not None:
+            _, item = meta[winner.number]
+            v = winner.verdict
+            self.log("verdict", attempt=winner.number, accepted=True, reason=v.reason, figures=v.figures(), worker=winner.worker)
+            self.ws.restore(best)
+            if item.get("knobs"):
+                self.gate.write_knobs(self.ws.task_path, item["knobs"])
+            sha = self.ws.commit(self._message(item["title"], item.get("rationale", ""), v.figures(), winner.number))
+            self.log("committed", attempt=winner.number, commit=sha)
+            self.best_commit = sha
+            # the best as built here (a cache hit when the worker shares this machine's build cache)
+            self.best_build = self.gate.build(Candidate(self.ws.task_path, []))
+            out[meta[winner.number][0]] = v
+        else:
+            self.ws.restore(best)
+            self.log("restored", to=best)
+        return [o if o is not None else "not judged" for o in out]
 
     def _code_digest(self, patch: str, changed: list[str]) -> str | None:
         """The digest of the library the worktree builds to (tools.build.code_digest; the build is
@@ -707,6 +789,9 @@ class SessionTools:
     def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None,
                gate_seconds: float | None = None) -> Verdict:
         return self._session.submit(title, rationale, knobs, gate_seconds=gate_seconds)
+
+    def submit_batch(self, items: list[dict[str, Any]], gate_seconds: float | None = None) -> list:
+        return self._session.submit_batch(items, gate_seconds=gate_seconds)
 
     def revert(self) -> str:
         return self._session.revert()

@@ -33,4 +33,4 @@ def test_agent_tools_use_only_the_port():
                    if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "ctx"}
         assert reached, name
         assert not reached & {"gate", "ws", "record", "session", "best_commit", "baseline"}, (name, reached)
-        assert reached <= {"task", "trusted_dir", "files_root", "notes_path", "device", "submit", "revert", "ledger"}, (name, reached)
+        assert reached <= {"task", "trusted_dir", "files_root", "notes_path", "device", "submit", "submit_batch", "revert", "ledger"}, (name, reached)

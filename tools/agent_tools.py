@@ -243,6 +243,39 @@ def submit_tool(ctx: SessionPort, args: SubmitInput) -> ToolResult:
                             "speedup": verdict.speedup, "speedup_lo": verdict.speedup_lo, "speedup_hi": verdict.speedup_hi})
 
 
+class BatchItem(ToolInput):
+    title: str = Field(min_length=3, max_length=200, description="One line: what this setting changes.")
+    rationale: str = Field(default="", max_length=4000)
+    knobs: KnobMap = Field(description="The knob settings of this candidate (on top of the current sources).")
+
+
+class SubmitBatchInput(ToolInput):
+    candidates: list[BatchItem] = Field(min_length=1, max_length=16, description=(
+        "Knob settings to judge at once, each against the same best."))
+    gate_seconds: float | None = Field(default=None, ge=1, le=30, description="Timing seconds per decision.")
+
+
+def submit_batch_tool(ctx: SessionPort, args: SubmitBatchInput) -> ToolResult:
+    from tools.port import BatchPort
+
+    if not isinstance(ctx, BatchPort):
+        return ToolResult(ok=False, text="not run: this session cannot judge candidates in a batch; use submit", event="refused")
+    outcomes = ctx.submit_batch([c.model_dump() for c in args.candidates], gate_seconds=args.gate_seconds)
+    lines, data = [], []
+    for item, o in zip(args.candidates, outcomes):
+        if isinstance(o, str):
+            lines.append(f"- {item.title}: not run: {o}")
+            data.append({"title": item.title, "refused": o})
+            continue
+        lines.append(f"- {item.title}: {o.summary()}")
+        data.append({"title": item.title, "accepted": o.accepted, "stage": o.stage, "reason": o.reason,
+                     "speedup": o.speedup, "speedup_lo": o.speedup_lo, "speedup_hi": o.speedup_hi})
+    won = [d for d in data if d.get("accepted")]
+    lines.append("One candidate was committed as the new best; the others are recorded (superseded, rejected or "
+                 "interrupted)." if won else "None was accepted; the worktree is back at the best version.")
+    return ToolResult(ok=True, text="\n".join(lines), event="accepted" if won else "rejected", data={"results": data})
+
+
 class RevertInput(ToolInput):
     pass
 
@@ -262,6 +295,7 @@ ENGINEERING_TOOLS = [
     Tool("profile", "Nsight Compute figures for one bench shape: SM/DRAM/tensor-pipe throughput %, occupancy, top stall reasons, bank conflicts.", ProfileInput, profile_tool),
     Tool("history", "Every attempt so far: title, verdict, speedup and the gate's reason.", HistoryInput, history_tool),
     Tool("submit", "Submit the current sources (and optional knob settings) to the gate. Accepted: committed as the new best. Rejected: the worktree is restored to best. Each call costs an attempt.", SubmitInput, submit_tool),
+    Tool("submit_batch", "Submit several knob settings at once, each judged by the gate against the same best (in parallel where the session has several judges). The fastest accepted one is committed; other accepted ones are recorded as superseded. Each candidate costs an attempt.", SubmitBatchInput, submit_batch_tool),
     Tool("revert", "Throw away uncommitted edits: restore the worktree to the best version.", RevertInput, revert_tool),
 ]
 

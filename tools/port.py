@@ -64,3 +64,14 @@ class SessionPort(Protocol):
 
     def ledger(self) -> str:
         """One line per attempt so far (verdict, speedup, reason)."""
+
+
+@runtime_checkable
+class BatchPort(SessionPort, Protocol):
+    """A session that can judge several candidates against one best (agent/session.py `submit_batch`)."""
+
+    def submit_batch(self, items: list[dict[str, Any]], gate_seconds: float | None = None) -> list:
+        """Each item ({title, rationale, knobs}) is the current sources with its knob settings, judged against
+        the same best (in parallel where the session has judges for it); the fastest accepted one is
+        committed, the other accepted ones are recorded as superseded. Per item: its Outcome, or a string
+        saying why it was refused without judging."""

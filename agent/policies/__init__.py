@@ -44,10 +44,10 @@ def _claude(model: str | None = None, claude: dict | None = None, **_: Any) -> P
         raise PolicyError(str(exc).strip("'\"")) from None
 
 
-def _tuner(seed: int | None = None, console: Any = None, **_: Any) -> Policy:
+def _tuner(seed: int | None = None, console: Any = None, workers: int = 1, **_: Any) -> Policy:
     from agent.policies.tuner import TunerPolicy
 
-    return TunerPolicy(seed=seed, console=console)
+    return TunerPolicy(seed=seed, console=console, workers=workers)
 
 
 def _replay(run_dir: Any = None, on_row: Any = None, **_: Any) -> Policy:

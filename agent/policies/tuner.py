@@ -41,8 +41,9 @@ class TunerPolicy:
     name = "tuner"
 
     def __init__(self, trials: int = 48, patience: int = 3, seconds_per_shape: float = 0.3, seed: int | None = None,
-                 console: Console | None = None):
+                 console: Console | None = None, workers: int = 1):
         self.trials = trials
+        self.workers = max(1, workers)  # > 1: the top settings are judged `workers` at a time (submit_batch)
         self.patience = patience
         self.seconds = seconds_per_shape
         self.seed = seed
@@ -91,23 +92,33 @@ class TunerPolicy:
         self.console.print(f"  [dim]sweep {i}/{n}[/] {knobs}: {what}", highlight=False)
 
     def _sample(self, ctx: PolicyContext, space: dict) -> list[SweepRow]:
+        """TPE, asked one batch of trials per sweep call (a batch per core, so their builds run in parallel;
+        the timings stay one at a time), each told its score before the next batch is asked."""
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=self.seed))
         study.enqueue_trial(space["current"])  # start from where we are
         rows: dict[tuple, SweepRow] = {}
-        self.console.print(f"[bold]tuner[/]: {space['space']} settings; sampling {self.trials} with TPE")
-        for _ in range(self.trials):
-            if ctx.stop_reason():
-                break
-            trial = study.ask()
-            knobs = {name: trial.suggest_categorical(name, values) for name, values in space["knobs"].items()}
-            key = tuple(sorted(knobs.items()))
-            if key not in rows:
-                rows[key] = self._sweep(ctx, [knobs])[0]
-            row = rows[key]
-            study.tell(trial, math.log(row.score) if row.ok and row.score else float("inf"))
+        batch = max(1, min(os.cpu_count() or 2, self.trials))
+        self.console.print(f"[bold]tuner[/]: {space['space']} settings; sampling {self.trials} with TPE, "
+                           f"{batch} per sweep (parallel builds)")
+        asked = 0
+        while asked < self.trials and not ctx.stop_reason():
+            trials = []
+            for _ in range(min(batch, self.trials - asked)):
+                trial = study.ask()
+                knobs = {name: trial.suggest_categorical(name, values) for name, values in space["knobs"].items()}
+                trials.append((trial, knobs, _key(knobs)))
+            asked += len(trials)
+            new = list({key: knobs for _, knobs, key in trials if key not in rows}.items())
+            if new:  # the sweep answers ranked: rows are matched to trials by their settings
+                swept = {_key(r.knobs): r for r in self._sweep(ctx, [knobs for _, knobs in new])}
+                for key, knobs in new:
+                    rows[key] = swept.get(key) or SweepRow(knobs=knobs, ok=False, error="not in the sweep's answer")
+            for trial, _, key in trials:
+                row = rows[key]
+                study.tell(trial, math.log(row.score) if row.ok and row.score else float("inf"))
         return sorted(rows.values(), key=lambda r: (not r.ok, r.score if r.score is not None else math.inf))
 
     # -- the policy ----------------------------------------------------------------------------
@@ -127,6 +138,8 @@ class TunerPolicy:
         self.console.print(format_sweep(rows, baseline=current), highlight=False, markup=False)
         done = self.judged_settings(ctx)
         best_score = next((r.score for r in rows if r.knobs == current and r.ok), None)
+        if self.workers > 1:
+            return self._run_batches(ctx, rows, current, done, best_score)
         misses = 0
         for row in rows:
             if not row.ok or row.knobs == current:
@@ -156,6 +169,41 @@ class TunerPolicy:
                 misses += 1
                 if misses >= self.patience:
                     return f"{self.patience} rejections in a row"
+        return "search exhausted"
+
+    def _candidate(self, row: SweepRow, current: dict, best_score) -> dict:
+        changed = {k: v for k, v in row.knobs.items() if current.get(k) != v}
+        title = "Tune knobs: " + ", ".join(f"{k}={v}" for k, v in changed.items())
+        rationale = (f"The knob sweep ranked this setting {self._rel(best_score, row.score)} faster than the "
+                     f"current best in quick timings ({row.device or 'this machine'}). Full setting: "
+                     + " ".join(f"{k}={v}" for k, v in row.knobs.items()))
+        return {"title": title[:200], "rationale": rationale, "knobs": row.knobs}
+
+    def _run_batches(self, ctx: PolicyContext, rows: list[SweepRow], current: dict, done: set, best_score) -> str:
+        """The ranked settings `workers` at a time, each batch judged against one best (submit_batch)."""
+        queue = [r for r in rows if r.ok and r.knobs != current and _key(r.knobs) not in done]
+        misses = 0
+        while queue:
+            if best_score is not None:
+                queue = [r for r in queue if r.score is not None and r.score < best_score]
+            batch, queue = queue[:self.workers], queue[self.workers:]
+            if not batch:
+                break
+            stop = ctx.stop_reason()
+            if stop:
+                return stop
+            res = ctx.toolbox.call("submit_batch", {"candidates": [self._candidate(r, current, best_score) for r in batch]})
+            if not res.ok:
+                raise PolicyToolError(f"submit_batch: {res.text[:500]}")
+            results = (res.data or {}).get("results", [])
+            won = [(r, d) for r, d in zip(batch, results) if d.get("accepted")]
+            if won:
+                row = won[0][0]
+                current, best_score, misses = dict(row.knobs), row.score, 0
+            else:
+                misses += sum(1 for d in results if "refused" not in d)
+                if misses >= self.patience:
+                    return f"{misses} rejections in a row"
         return "search exhausted"
 
     # -- resume --------------------------------------------------------------------------------
