@@ -31,7 +31,7 @@ from agent.gate import Candidate, GateConfig
 from agent.policies.base import Budget
 from agent.locations import default_runs_root
 from agent.session import Session, SessionError
-from agent.workspace import BRANCH_PREFIX, WorkspaceError
+from agent.workspace import BRANCH_PREFIX, WorkspaceError, checkout_of, find_repo, holds
 from tools.agent_tools import session_toolbox
 from tools.base import Tool, ToolInput, ToolResult, cap
 
@@ -249,14 +249,9 @@ def _share(session: Session) -> Session:
 
 def run_of_worktree(cwd: Path, runs_root: Path | None = None) -> Path:
     """The run folder of the session worktree holding `cwd` (its branch is kloop/<run-id>)."""
-    import git
-
     try:
-        repo = git.Repo(cwd, search_parent_directories=True)
-        branch = repo.git.symbolic_ref("--quiet", "--short", "HEAD")
-        top = Path(repo.working_tree_dir).resolve()
-        common = Path(repo.git.rev_parse("--path-format=absolute", "--git-common-dir")).parent
-    except Exception:
+        top, branch, common = checkout_of(cwd)
+    except WorkspaceError:
         raise ServiceError(f"{cwd} is not inside a kloop session worktree (no git branch); "
                            "pass --run RUN, or cd into the worktree `kloop session start` printed") from None
     if not branch.startswith(BRANCH_PREFIX):
@@ -274,29 +269,23 @@ def run_of_worktree(cwd: Path, runs_root: Path | None = None) -> Path:
 def relocate(run_dir: Path, repo: Path | None = None) -> None:
     """Point run.json at this machine's repository and worktree when they moved (a run folder copied
     to another machine, the branch fetched into a clone there): the record plus the branch are enough."""
-    import git
-
     record = rec.RunRecord.open(run_dir)
     info = record.info
 
     def has_branch(root: Path) -> bool:
-        try:
-            r = git.Repo(root, search_parent_directories=True)
-            r.git.rev_parse("--verify", "--quiet", f"refs/heads/{info.branch}")
-            r.git.rev_parse("--verify", "--quiet", f"{info.base_commit}^{{commit}}")
-            return True
-        except Exception:
-            return False
+        return holds(root, info.branch, info.base_commit)
 
     if repo is None and Path(info.repo_root).is_dir() and has_branch(Path(info.repo_root)):
         return
     where = Path(repo or Path.cwd()).resolve()
-    if not has_branch(where):
+    if not where.is_dir() or not has_branch(where):
         raise ServiceError(
             f"run {info.run_id}: the repository {info.repo_root} is not here (or lacks {info.branch}), and {where} "
             f"does not hold branch {info.branch} with base {info.base_commit[:12]}. Fetch the branch first, e.g. "
             f"`git fetch SESSION.bundle {info.branch}:{info.branch}`, then pass --repo")
-    root = Path(git.Repo(where, search_parent_directories=True).working_tree_dir).resolve()
+    root = find_repo(where)
+    if root is None:
+        raise ServiceError(f"run {info.run_id}: {where} has no working tree (a bare repository?); pass --repo a checkout")
     worktree = Path(info.worktree)
     if not worktree.parent.is_dir() or root != Path(info.repo_root):
         worktree = Path(run_dir).resolve().parent / "_worktrees" / info.run_id

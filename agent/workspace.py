@@ -180,6 +180,30 @@ def find_repo(path: Path) -> Path | None:
         return None
 
 
+def checkout_of(path: Path) -> tuple[Path, str, Path]:
+    """The checkout holding `path`: (its top, the branch checked out there, the top of the main
+    repository it belongs to: a linked worktree's common dir's parent). WorkspaceError when `path`
+    is in no repository or HEAD is detached."""
+    path = Path(path).expanduser().resolve()
+    top = _find_repo(path)
+    try:
+        branch = str(_git(path, "symbolic-ref", "--quiet", "--short", "HEAD", discover=True))
+    except WorkspaceError:
+        raise WorkspaceError(f"{top}: HEAD is not on a branch") from None
+    common = Path(str(_git(path, "rev-parse", "--path-format=absolute", "--git-common-dir", discover=True)))
+    return top, branch, common.parent
+
+
+def holds(path: Path, branch: str, commit: str) -> bool:
+    """Whether the repository holding `path` has `branch` and the commit `commit`."""
+    try:
+        _git(path, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", discover=True)
+        _git(path, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", discover=True)
+        return True
+    except WorkspaceError:
+        return False
+
+
 def _rev(cwd: Path, rev: str) -> str:
     try:
         return str(_git(cwd, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"))

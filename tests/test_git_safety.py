@@ -239,3 +239,33 @@ def test_session_whose_worktree_vanishes_mid_gate(tmp_path: Path, monkeypatch):
     assert git(root, "status", "--porcelain", "--untracked-files=all").split() == ["??", "notes.txt"]
     assert git(root, "symbolic-ref", "HEAD").strip() == "refs/heads/main"
     s.close()
+
+
+def test_no_git_child_sees_a_secret(repo: Path, tmp_path: Path, monkeypatch):
+    """Every git that kloop starts (a session's worktree, a commit, locating a run from a worktree)
+    gets the allow-listed environment: a `git` first on PATH records what each one was given."""
+    import agent.workspace as workspace
+    from agent.session_service import ServiceError, run_of_worktree
+
+    log = tmp_path / "git-env.log"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    wrapper = bindir / "git"
+    wrapper.write_text(f'#!/bin/sh\nenv >> "{log}"\necho "--- end" >> "{log}"\nexec {shutil.which("git")} "$@"\n')
+    wrapper.chmod(0o755)
+    secret = "sk-ant-api03-not-a-real-key-0123456789"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", secret)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(workspace, "GIT", str(wrapper))
+
+    ws = Workspace.create(repo / "kernels" / "demo", "secret-probe", repo / ".kloop" / "wt", allow_dirty=True)
+    (ws.task_path / "kernel.cu").write_text("// faster\n")
+    ws.commit("a change")
+    assert workspace.holds(ws.path, ws.branch, ws.head())
+    with pytest.raises(ServiceError, match="run record"):
+        run_of_worktree(ws.task_path)  # reads the branch through git, then finds no record
+    ws.remove()
+
+    text = log.read_text()
+    assert text.count("--- end") >= 5, "the wrapper saw too few git runs to mean anything"
+    assert secret not in text and "ANTHROPIC_API_KEY" not in text

@@ -34,3 +34,12 @@ def test_agent_tools_use_only_the_port():
         assert reached, name
         assert not reached & {"gate", "ws", "record", "session", "best_commit", "baseline"}, (name, reached)
         assert reached <= {"task", "trusted_dir", "files_root", "notes_path", "device", "submit", "submit_batch", "revert", "ledger"}, (name, reached)
+
+
+def test_git_runs_only_through_the_workspace():
+    """agent/workspace.py is kloop's one runner of git (its allow-listed environment, `-C`, no hooks):
+    nothing else imports GitPython, whose git children inherit the whole environment."""
+    modules = sorted((ROOT / "agent").rglob("*.py")) + TOOLS
+    bad = {p.relative_to(ROOT).as_posix(): sorted(m for m in imported(p) if m == "git" or m.startswith("git."))
+           for p in modules}
+    assert not {k: v for k, v in bad.items() if v}
