@@ -245,7 +245,7 @@ template <int D, int PER_WARP>
 __device__ __forceinline__ void store_bf16(unsigned char* smem, const AccFrag* acc, int rows,
                                            bf16* gmem_bh, int row0, int seqlen, float factor) {
     using L = Layout<D>;
-    float* st = reinterpret_cast<float*>(smem + L::S);  // S/dP/P/dS are free by now (fits: see launch)
+    float* st = reinterpret_cast<float*>(smem + L::Q);  // every tile is free by now (fits: see launch)
     const int warp = threadIdx.x / 32;
     constexpr int TD = D / 16;
     __syncthreads();
@@ -438,8 +438,8 @@ int launch(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const bf1
            bf16* dk, bf16* dv, float* ws_delta, float* ws_dq, float* ws_dk, float* ws_dv, int batch, int heads,
            int kv_heads, int seqlen, int causal, float scale, cudaStream_t stream) {
     using L = Layout<D>;
-    // store_bf16 stages a (ROWS x D) fp32 tile over S..: it must fit in S, dP, P, dS
-    static_assert(size_t(L::ROWS) * L::LDO * 4 <= L::STAGE - L::S, "epilogue staging does not fit");
+    // store_bf16 stages a (ROWS x D) fp32 tile over the tiles from Q on, once the loop is done
+    static_assert(L::Q + size_t(L::ROWS) * L::LDO * 4 <= L::BYTES_PLAIN, "epilogue staging does not fit");
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
