@@ -25,7 +25,7 @@ PY
 echo "prebuild $(( $(date +%s) - start )) s" >> "$out/timing.txt"
 for t in flash_attn_fwd_fp8 flash_attn_bwd; do
   start=$(date +%s)
-  timeout 50 python3 -m agent.cli eval "$t" --seconds 0.4 > "$out/eval_$t.txt" 2>&1
+  timeout 50 python3 -m agent.cli eval "kernels/$t" --seconds 0.4 > "$out/eval_$t.txt" 2>&1
   echo "eval $t rc=$? $(( $(date +%s) - start )) s" >> "$out/timing.txt"
 done
 start=$(date +%s)
