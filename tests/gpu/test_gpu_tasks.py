@@ -16,7 +16,7 @@ KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("name", ["softmax", "flash_attn_fwd", "paged_decode"])
+@pytest.mark.parametrize("name", ["softmax", "flash_attn_fwd", "paged_decode", "flash_attn_fwd_fp8", "flash_attn_bwd"])
 def test_task_checks_and_times(name):
     task = load_task(KERNELS / name)
     report = evaluate(task, bench_seconds=0.3, comparators=True)
