@@ -84,7 +84,7 @@ def briefing_fields(session) -> dict[str, str]:
     return {
         "task_name": m.name,
         "task_description": m.description or "(no description)",
-        "target": f"{m.target}" + (f" ({m.arch})" if m.target == "cuda" else ""),
+        "target": f"{m.target}" + (f" ({m.arch})" if m.target != "cpu" else ""),
         "gpu_name": device.get("name", "unknown") + (f" ({device['sm_count']} SMs)" if device.get("sm_count") else ""),
         "driver": device.get("driver") or "n/a",
         "compiler": build.get("compiler", "unknown"),
@@ -106,7 +106,7 @@ def briefing(session) -> str:
     from agent.prompts import load_prompt, render_briefing
 
     text = render_briefing(**briefing_fields(session))
-    playbook = "hopper" if session.gate.task.target == "cuda" else "cpu"
+    playbook = "hopper" if session.gate.task.on_gpu else "cpu"
     try:
         text += "\n\n" + load_prompt(playbook)
     except FileNotFoundError:

@@ -118,7 +118,7 @@ def tasks(root: Path = typer.Option(SHIPPED, help="Folder to list tasks from."),
             continue
         rows.append({
             "name": t.name, "path": str(folder), "target": t.target,
-            "arch": t.manifest.arch if t.target == "cuda" else None,
+            "arch": t.manifest.arch if t.target != "cpu" else None,
             "check_shapes": [s.name for s in t.check_shapes], "bench_shapes": [s.name for s in t.bench_shapes],
             "knobs": {k: v.values for k, v in t.manifest.knobs.items()}, "description": t.manifest.description,
         })

@@ -190,8 +190,14 @@ class Gate:
         return current
 
     def static_hits(self, cand: Candidate) -> list[str]:
-        rules = [(p, r) for p, r in DEFAULT_FORBIDDEN] + [(f.pattern, f.reason) for f in self.task.manifest.forbidden]
         hits = []
+        rules = [(f.pattern, f.reason) for f in self.task.manifest.forbidden]
+        if self.task.target == "triton":  # rules on the Python AST (tools/triton_rules.py): the build refuses them too
+            from tools.triton_rules import check_task_sources
+
+            hits += [str(v) for v in check_task_sources(self.task, cand.task_dir)]
+        else:
+            rules = [(p, r) for p, r in DEFAULT_FORBIDDEN] + rules
         for rel in self.task.editable_files(cand.task_dir):
             text = strip_comments((cand.task_dir / rel).read_text(errors="replace"))
             for pattern, reason in rules:

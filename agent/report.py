@@ -16,7 +16,7 @@ SASS_FAMILIES_SHOWN = 12
 
 def print_eval(console: Console, task: Task, report: EvalReport) -> None:
     b = report.build
-    console.print(f"[bold]{escape(task.name)}[/] ({task.target}{', ' + task.manifest.arch if task.target == 'cuda' else ''}) "
+    console.print(f"[bold]{escape(task.name)}[/] ({task.target}{', ' + task.manifest.arch if task.target != 'cpu' else ''}) "
                   f"from {escape(str(task.root))}")
     if not b.ok:
         console.print(f"[bold red]build failed[/] ({escape(b.compiler)})")

@@ -60,7 +60,7 @@ def sass_tool(ctx: SessionPort, args: SassInput) -> ToolResult:
     result = _build(ctx, args.knobs)
     if not result.ok:
         return ToolResult(ok=False, text=format_build(result))
-    if ctx.task.target != "cuda":
+    if not ctx.task.on_gpu:
         return ToolResult(ok=False, text="sass: this is a CPU task; there is no SASS (read the source and time it)")
     if args.pattern:
         kernel = args.kernel or (result.kernels[0].mangled if len(result.kernels) == 1 else None)
@@ -192,14 +192,14 @@ def profile_tool(ctx: SessionPort, args: ProfileInput) -> ToolResult:
     from tools.runner import scrubbed_env
 
     task = ctx.task
-    if task.target != "cuda":
+    if not task.on_gpu:
         return ToolResult(ok=False, text="profile: unavailable for CPU tasks (ncu profiles CUDA kernels)")
     result = _build(ctx, args.knobs)
     if not result.ok:
         return ToolResult(ok=False, text=format_build(result))
     shape = args.shape or task.bench_shapes[0].name
     task.shape(shape)
-    regex = "|".join(k.mangled for k in result.kernels) or None
+    regex = "|".join(dict.fromkeys(k.mangled.split("[")[0] for k in result.kernels)) or None  # a Triton variant: its kernel
     with tempfile.TemporaryDirectory(prefix="kloop-profile-") as tmp:
         req = WorkerRequest(kind="bench", task_dir=str(ctx.trusted_dir), libs=[result.lib], shapes=[shape],
                             comparators=False, max_seconds=0.0)

@@ -161,6 +161,10 @@ def audit_task_build(task, build_dir: Path) -> AuditReport:
     manifest's `allowed_symbols`, the source rules plus the manifest's `forbidden`. The one function
     the gate, `kloop eval` and the agent's build tool share. AuditError when it cannot be done."""
     m = task.manifest
+    if m.target == "triton":  # cubins and the bundle, not ELF objects of a host library
+        from tools.triton_build import audit_triton_build
+
+        return audit_triton_build(task, Path(build_dir))
     return audit_build(Path(build_dir), m.target, sources=m.sources, allowed_symbols=m.allowed_symbols,
                        extra_rules=[(f.pattern, f.reason) for f in m.forbidden])
 

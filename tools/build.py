@@ -101,6 +101,11 @@ def _which(name: str) -> str | None:
 @functools.lru_cache(maxsize=None)
 def compiler_version(target: str) -> str:
     """A one-line description of the compiler that builds `target` tasks (part of the cache key)."""
+    if target == "triton":  # Triton bundles its own ptxas: its version is the compiler's
+        from tools.triton_build import triton_version
+
+        v = triton_version()
+        return f"triton {v}" if v else "missing"
     exe = _nvcc() if target == "cuda" else _cxx()
     if exe is None:
         return "missing"
@@ -161,6 +166,8 @@ def knob_defines(knobs: dict[str, KnobValue]) -> list[str]:
 
 def compile_flags(task: Task, knobs: dict[str, KnobValue], extra: list[str] | None = None) -> list[str]:
     m = task.manifest
+    if m.target == "triton":  # no compiler flags: the kernels' launch and the knobs are what changes a build
+        return [f"--arch={m.arch}", "--triton=" + m.triton.model_dump_json(), *knob_defines(knobs), *(extra or [])]
     if m.target == "cuda":
         arch = m.arch
         virtual = "compute_" + arch.removeprefix("sm_")
@@ -255,7 +262,7 @@ def build(
     key = build_key(task, src_root, knobs, extra_flags)
     root = Path(cache_dir or cache_root())
     final = root / key
-    lib_name = f"lib{task.name}.so"
+    lib_name = f"lib{task.name}.so" if task.target != "triton" else f"lib{task.name}.triton.json"
     if missing:
         return BuildResult(ok=False, key=key, build_dir=str(final), knobs=knobs,
                            errors=[CompileError(file=m, message="source file is missing") for m in missing])
@@ -273,15 +280,18 @@ def build(
         dst = work / "src" / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src_root / rel, dst)
+    compiler = compiler_version(task.target)
+    if task.target == "triton" and compiler != "missing":
+        return _build_triton(task, knobs, work, final, key, lib_name, compiler, started, timeout)
     (work / "obj").mkdir()
     for src in task.manifest.sources:
         (work / "obj" / src).parent.mkdir(parents=True, exist_ok=True)
     (work / "build.ninja").write_text(_ninja_file(task, knobs, lib_name, extra_flags))
 
-    compiler = compiler_version(task.target)
     if compiler == "missing":
         shutil.rmtree(work, ignore_errors=True)
-        what = "nvcc (the CUDA toolkit)" if task.target == "cuda" else "a C++ compiler"
+        what = {"cuda": "nvcc (the CUDA toolkit)", "triton": "triton (pip install 'kernel-loop[triton]')"}.get(
+            task.target, "a C++ compiler")
         return BuildResult(ok=False, key=key, build_dir=str(final), knobs=knobs,
                            errors=[CompileError(message=f"{what} not found on PATH")])
     try:
@@ -326,6 +336,25 @@ def build(
     return result
 
 
+def _build_triton(task: Task, knobs: dict[str, KnobValue], work: Path, final: Path, key: str, lib_name: str,
+                  compiler: str, started: float, timeout: float | None) -> BuildResult:
+    """A Triton task's build in `work` (its sources already copied): tools/triton_build.py, then the same
+    caching as a C++ build."""
+    from tools.triton_build import compile_in_sandbox
+
+    ok, log, errors, kernels = compile_in_sandbox(task, knobs, work, lib_name, timeout)
+    result = BuildResult(ok=ok, key=key, build_dir=str(final), compiler=compiler, knobs=knobs,
+                         seconds=round(time.monotonic() - started, 3), lib=str(final / lib_name) if ok else None,
+                         errors=errors, warnings=parse_ptxas_warnings(log), kernels=kernels, log_tail=tail(log, 3000))
+    shutil.rmtree(work / "triton-cache", ignore_errors=True)
+    (work / "build.json").write_text(result.model_dump_json(indent=1))
+    try:
+        work.rename(final)
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
 _DIAG = re.compile(r"^(?:In file included from |\s+from )?(?P<file>[^\s:(][^:(]*?)(?::\d+(?::\d+)?[:,]|\(\d+\):)")
 
 
@@ -336,6 +365,10 @@ def code_digest(lib: str | Path) -> str:
     from elftools.elf.constants import SH_FLAGS
     from elftools.elf.elffile import ELFFile
 
+    if str(lib).endswith(".triton.json"):  # a Triton task's bundle: its launch records and cubins' code
+        from tools.triton_build import bundle_digest
+
+        return bundle_digest(lib)
     h = hashlib.sha256()
     with open(lib, "rb") as f:
         for sec in ELFFile(f).iter_sections():

@@ -75,7 +75,7 @@ def gpu_available() -> bool:
 def missing_device(target: str) -> str | None:
     """Why a task of `target` cannot be checked or timed on this machine (None: it can). Building,
     the SASS and the audit need no device; a CUDA task's check, timing and profile need a visible GPU."""
-    if target != "cuda":
+    if target not in ("cuda", "triton"):
         return None
     try:
         return None if gpu_available() else "no CUDA device here"

@@ -73,7 +73,7 @@ def task_comparators(task: Task) -> list[str]:
 
 
 def sass_summary(task: Task, lib: str) -> tuple[dict, str | None]:
-    if task.target != "cuda":
+    if not task.on_gpu:
         return {}, None
     try:
         from tools.sass import sass_mix
@@ -98,7 +98,7 @@ def evaluate(task: Task, knobs: dict[str, KnobValue] | None = None, src_root: Pa
     """Build, analyse, check and time one version of a task. Timing runs only after a passing check.
     The check's judge is started before the build (tools/runner.JudgeStandby), so its start-up hides
     behind the compile."""
-    runnable = task.target != "cuda" or _gpu_available()
+    runnable = not task.on_gpu or _gpu_available()
     slot = StandbySlot(task.root, enabled=runnable and check)
     slot.refill()
     try:

@@ -27,6 +27,7 @@ import torch  # imported before any untrusted code loads (and so the library can
 from tools.sandbox import harden_process
 from tools.spec import load_spec
 from tools.timing import hold_device
+from tools.triton_launch import TritonModule  # ctypes only: no Triton in a runner
 
 _DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
                                torch.int16, torch.int32, torch.int64, torch.bool,
@@ -89,8 +90,12 @@ class Host:
             raise RuntimeError("this runner already loaded a library (runners are single-use)")
         if self.spec is None:
             self.prepare(spec_path, device)
-        # the untrusted library loads only now (its static constructors run here)
-        self.lib = ctypes.CDLL(os.path.realpath(lib_path), mode=ctypes.RTLD_LOCAL)
+        # the untrusted library loads only now (its static constructors run here). A Triton task's is a
+        # bundle of cubins, loaded through the CUDA driver (tools/triton_launch.py): device code only
+        if lib_path.endswith(".triton.json"):
+            self.lib = TritonModule(os.path.realpath(lib_path), self.device)
+        else:
+            self.lib = ctypes.CDLL(os.path.realpath(lib_path), mode=ctypes.RTLD_LOCAL)
         self.spec.setup(self.lib)
         return {}
 

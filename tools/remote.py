@@ -178,7 +178,7 @@ class LibSession:
         import tempfile
         from pathlib import Path
 
-        self.device = torch.device("cuda" if task.target == "cuda" else "cpu")
+        self.device = torch.device("cuda" if task.on_gpu else "cpu")
         self._scratch = tempfile.TemporaryDirectory(prefix="kloop-libs-")
         names = names or [f"lib{i}" for i in range(len(lib_paths))]
         self.runners = start_runners(names, Path(self._scratch.name))

@@ -259,7 +259,7 @@ class StandbySlot:
         from tools.task import TaskError, load_task
 
         try:
-            cuda = load_task(self.task_dir).target == "cuda"
+            cuda = load_task(self.task_dir).on_gpu
         except (TaskError, OSError):
             return False
         return cuda and not any(Path("/dev").glob("nvidia*"))

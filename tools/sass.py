@@ -61,6 +61,8 @@ def dump_sass(lib: Path) -> str:
     lib = Path(lib)
     if not lib.is_file():
         raise SassError(f"no such file: {lib}")
+    if lib.name.endswith(".triton.json"):  # a Triton task's bundle: each variant's cubin, named by its variant
+        return _bundle_sass(lib)
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         raise SassError(
@@ -83,6 +85,16 @@ def dump_sass(lib: Path) -> str:
         hint = f"; {INSTALL_HINT}" if nvdisasm is None or "nvdisasm" in detail else ""
         raise SassError(f"cuobjdump --dump-sass {lib} failed (exit {proc.returncode}): {detail}{hint}")
     return proc.stdout
+
+
+def _bundle_sass(lib: Path) -> str:
+    from tools.triton_build import cubin_paths
+
+    parts = []
+    for label, cubin in cubin_paths(lib):
+        text = dump_sass(cubin)
+        parts.append(re.sub(r"(^\s*Function\s*:\s*)(\S+)", lambda m: m.group(1) + label, text, flags=re.M))
+    return "\n".join(parts)
 
 
 # --- models --------------------------------------------------------------------------------------

@@ -78,10 +78,54 @@ class Forbidden(Strict):
         return pattern
 
 
+TRITON_TYPES = ("i1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "fp16", "bf16", "fp32", "fp64")
+TRITON_DIVISOR = 16  # the one divisibility a ":16" parameter promises (the runner checks it at every launch)
+
+
+class TritonKernel(Strict):
+    """One `@triton.jit` kernel of a `target = "triton"` task and how the trusted side launches it.
+
+    `signature`: every non-constexpr parameter in the function's order, typed as Triton spells it
+    ("*bf16", "i32", "fp32"); a ":16" suffix promises a pointer or integer divisible by 16 (compiled
+    in as tt.divisibility, checked by the runner before every launch). Constexpr parameters get their
+    value from a knob of the same name, or from `constexprs`: one value, or a list (one build per
+    value, e.g. HEAD_DIM = [64, 128]; the spec picks the variant per call). `num_warps`/`num_stages`:
+    an int or the name of a knob."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    source: str | None = None  # which of `sources` defines it (default: the first)
+    signature: dict[str, str] = Field(min_length=1)
+    constexprs: dict[str, KnobValue | list[KnobValue]] = Field(default_factory=dict)
+    num_warps: int | str = 4
+    num_stages: int | str = 3
+
+    @field_validator("signature")
+    @classmethod
+    def _types(cls, sig: dict[str, str]) -> dict[str, str]:
+        for param, ty in sig.items():
+            base, _, div = ty.partition(":")
+            if base.removeprefix("*") not in TRITON_TYPES or (div and div != str(TRITON_DIVISOR)):
+                raise ValueError(f"parameter {param!r}: type {ty!r} is not one of {list(TRITON_TYPES)} "
+                                 f"(a pointer: '*' first; divisibility: ':{TRITON_DIVISOR}' last)")
+        return sig
+
+    @field_validator("constexprs")
+    @classmethod
+    def _variants(cls, cx: dict) -> dict:
+        for k, v in cx.items():
+            if isinstance(v, list) and not v:
+                raise ValueError(f"constexpr {k!r}: an empty list of variants")
+        return cx
+
+
+class TritonSection(Strict):
+    kernels: list[TritonKernel] = Field(min_length=1)
+
+
 class Manifest(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
     description: str = ""
-    target: Literal["cuda", "cpu"]
+    target: Literal["cuda", "cpu", "triton"]
     arch: str = Field(default="sm_90a", pattern=r"^sm_\d+[a-z]?$")
     spec: str = "spec.py"
     sources: list[str] = Field(min_length=1)
@@ -109,6 +153,8 @@ class Manifest(Strict):
     memory_limit_gb: float | None = Field(default=None, gt=0)
     # which unit the FLOPs run on, for the roofline: its peak rate comes from agent/briefing.py
     compute_unit: Literal["fp32", "bf16_tensor", "fp8_tensor", "fp64"] = "fp32"
+    # target = "triton": the kernels and their launch (required there, refused elsewhere)
+    triton: TritonSection | None = None
 
     @field_validator("allowed_symbols")
     @classmethod
@@ -150,6 +196,22 @@ class Manifest(Strict):
             raise ValueError("no shape has check = true: a task must be checked on at least one shape")
         if not any(s.bench for s in self.shapes):
             raise ValueError("no shape has bench = true: a task must be timed on at least one shape")
+        if (self.target == "triton") != (self.triton is not None):
+            raise ValueError("a [triton] section (the kernels and their launch) is required for target = 'triton' "
+                             "and only there")
+        for k in self.triton.kernels if self.triton else []:
+            for field, v in (("num_warps", k.num_warps), ("num_stages", k.num_stages)):
+                if isinstance(v, str) and v not in self.knobs:
+                    raise ValueError(f"triton kernel {k.name!r}: {field} = {v!r} is neither an int nor a knob name")
+                if isinstance(v, str) and not all(isinstance(x, int) and x > 0 for x in self.knobs[v].values):
+                    raise ValueError(f"triton kernel {k.name!r}: knob {v} ({field}) must take positive ints")
+                if isinstance(v, int) and v <= 0:
+                    raise ValueError(f"triton kernel {k.name!r}: {field} must be positive")
+            if k.source is not None and k.source not in self.sources:
+                raise ValueError(f"triton kernel {k.name!r}: source {k.source!r} is not one of sources {self.sources}")
+            both = sorted(set(k.constexprs) & set(self.knobs))
+            if both:
+                raise ValueError(f"triton kernel {k.name!r}: constexprs {both} are knobs too; a knob sets its constexpr")
         return self
 
 
@@ -170,6 +232,11 @@ class Task:
         return self.manifest.target
 
     @property
+    def on_gpu(self) -> bool:
+        """Whether the task's kernels run on a CUDA GPU (CUDA C++ and Triton tasks)."""
+        return self.target in ("cuda", "triton")
+
+    @property
     def spec_path(self) -> Path:
         return self.root / self.manifest.spec
 
@@ -178,7 +245,7 @@ class Task:
         """The worker's memory limit (see Manifest.memory_limit_gb); None: unlimited."""
         gb = self.manifest.memory_limit_gb
         if gb is None:
-            gb = DEFAULT_CPU_MEMORY_LIMIT_GB if self.target == "cpu" else None
+            gb = DEFAULT_CPU_MEMORY_LIMIT_GB if not self.on_gpu else None
         return int(gb * 2**30) if gb else None
 
     # -- shapes --------------------------------------------------------------------------------
@@ -351,6 +418,11 @@ def load_task(path: str | Path) -> Task:
         )
     for src in manifest.sources:
         suffix = Path(src).suffix
+        if (suffix == ".py") != (manifest.target == "triton"):
+            raise TaskError(f"{manifest_path}: field sources: {src!r}: a triton task's sources are .py files, "
+                            "and only a triton task's")
+        if suffix == ".py":
+            continue
         if suffix not in (".cu", ".cpp", ".cc", ".cxx", ".c"):
             raise TaskError(f"{manifest_path}: field sources: {src!r} has suffix {suffix!r}; expected .cu, .cpp, .cc, .cxx or .c")
         if suffix == ".cu" and manifest.target != "cuda":

@@ -49,7 +49,7 @@ class Judge:
         from tools.remote import SharedArena
         from tools.timing import Timer
 
-        self.device = torch.device("cuda" if task.target == "cuda" else "cpu")
+        self.device = torch.device("cuda" if task.on_gpu else "cpu")
         self.arena = SharedArena(self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(0)
@@ -83,7 +83,7 @@ def runner_names(kind: str, libs: list[str]) -> list[str]:
 def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
     """Answer one request; `judge`: a pre-started one (standby) whose runners hold no library yet."""
     task = load_task(req.task_dir) if judge is None else judge.task
-    if task.target == "cuda":
+    if task.on_gpu:
         import torch
 
         if not torch.cuda.is_available():
