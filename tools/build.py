@@ -167,7 +167,10 @@ def knob_defines(knobs: dict[str, KnobValue]) -> list[str]:
 def compile_flags(task: Task, knobs: dict[str, KnobValue], extra: list[str] | None = None) -> list[str]:
     m = task.manifest
     if m.target == "triton":  # no compiler flags: the kernels' launch and the knobs are what changes a build
-        return [f"--arch={m.arch}", "--triton=" + m.triton.model_dump_json(), *knob_defines(knobs), *(extra or [])]
+        from tools.triton_build import TRITON_SCHEME
+
+        return [TRITON_SCHEME, f"--arch={m.arch}", "--triton=" + m.triton.model_dump_json(), *knob_defines(knobs),
+                *(extra or [])]
     if m.target == "cuda":
         arch = m.arch
         virtual = "compute_" + arch.removeprefix("sm_")

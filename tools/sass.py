@@ -40,6 +40,9 @@ def _tool_dirs() -> list[Path]:
         # cu13/cu12 wheels share one bin folder; older wheels have one folder per tool
         for sub in ("cu13/bin", "cu12/bin", "cuda_cuobjdump/bin", "cuda_nvdisasm/bin"):
             dirs.append(Path(root) / sub)
+    triton = importlib.util.find_spec("triton")  # Triton bundles cuobjdump and nvdisasm beside its ptxas
+    if triton is not None and triton.origin:
+        dirs.append(Path(triton.origin).parent / "backends" / "nvidia" / "bin")
     return dirs
 
 
@@ -194,7 +197,7 @@ def _width_bits(modifiers: list[str]) -> int:
 
 # --- parsing -------------------------------------------------------------------------------------
 
-_ARCH = re.compile(r"^\s*arch\s*=\s*(sm_\w+)")
+_ARCH = re.compile(r"^\s*(?:arch\s*=|code for)\s*(sm_\w+)")  # a fatbin says "arch = ", a cubin "code for"
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-fA-F]+)\*/\s+([^;]*?)\s*;")
 

@@ -51,6 +51,8 @@ def define_grid(task: Task, defines: dict[str, list[int]] | None) -> list[dict[s
     identifier that is not a knob (knobs are swept as knobs), integer values. [{}] when none."""
     if not defines:
         return [{}]
+    if task.target == "triton":
+        raise TaskError("sweep: defines are -D constants of a C/C++ build; a Triton task's constexprs are its knobs")
     for name, values in defines.items():
         if not DEFINE_NAME.fullmatch(name):
             raise TaskError(f"sweep: define {name!r} is not an upper-case C identifier (A-Z, 0-9, _)")

@@ -26,6 +26,7 @@ from pathlib import Path
 from tools.task import TRITON_DIVISOR, KnobValue, Task
 
 BUNDLE_FORMAT = "kloop-triton-1"
+TRITON_SCHEME = "kloop-triton-build-2"  # bump when the Triton build recipe changes (part of the cache key)
 BUNDLE_SUFFIX = ".triton.json"
 MAX_EXTRA_PARAMS = 2  # Triton >= 3.5 appends global-scratch and profile-scratch pointers to every kernel
 ALLOWED_UNDEFINED = {".nv.reservedSmem.offset0"}  # ptxas's reserved shared-memory marker, in every cubin

@@ -149,8 +149,8 @@ class TritonKernel:
             base, _, div = ty.partition(":")
             if base.startswith("*"):
                 v = a.data_ptr() if hasattr(a, "data_ptr") else int(a)
-                if hasattr(a, "device") and a.device.type != "cuda":
-                    raise TritonLaunchError(f"{self.label}: argument {i} is on {a.device}, not the GPU")
+                if hasattr(a, "device") and a.device.type != self.device.type:
+                    raise TritonLaunchError(f"{self.label}: argument {i} is on {a.device}, not {self.device}")
                 c = ctypes.c_uint64(v)
             elif base in _INT_TYPES:
                 v = int(a)

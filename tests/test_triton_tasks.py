@@ -1,0 +1,243 @@
+"""Triton tasks on a machine without a GPU: the shipped ones build ahead of time (ptxas registers and
+spills, the SASS mix, the audit of what was built), the static rules and the audit reject the Triton
+cheat corpus, the runner's launch packs exactly the task's parameters (a fake driver records it).
+The check and the tuner on the H200: tests/gpu/test_triton_tasks.py."""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.triton_cheats import ROOT, TR_CHEATS, candidates, kind_of
+from tools.build import build
+from tools.task import TaskError, load_task
+from tools.triton_build import triton_version
+
+pytestmark = pytest.mark.skipif(triton_version() is None, reason="triton is not installed (pip install -e '.[triton]')")
+FA, FA_CUDA, RMS = ROOT / "kernels" / "flash_attn_fwd_triton", ROOT / "kernels" / "flash_attn_fwd", ROOT / "kernels" / "rmsnorm_triton"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return {p.name: (load_task(p), build(load_task(p))) for p in (FA, RMS)}
+
+
+def test_shipped_tasks_build_audit_and_show_ptxas_and_sass(shipped):
+    from tools.audit import audit_task_build
+    from tools.evaluate import sass_summary
+
+    want = {"flash_attn_fwd_triton": {f"attn_fwd[HEAD_DIM={d},IS_CAUSAL={c}]" for d in (64, 128) for c in (False, True)},
+            "rmsnorm_triton": {"add_rmsnorm"}}
+    for name, (task, res) in shipped.items():
+        assert res.ok, res.error_text()
+        assert res.compiler == f"triton {triton_version()}"
+        assert {k.name for k in res.kernels} == want[name]
+        for k in res.kernels:
+            assert k.registers and 8 <= k.registers <= 255 and k.arch == "sm_90a", k
+            assert k.spill_store_bytes == 0 and k.spill_load_bytes == 0, k  # the baselines do not spill
+        report = audit_task_build(task, Path(res.build_dir))
+        assert report.ok and report.objects == len(want[name]), report.reason()
+        mix, err = sass_summary(task, res.lib)
+        if err and "not found" in err:
+            pytest.skip(err)
+        assert err is None and set(mix) == want[name], (err, list(mix))
+        assert all(m["total"] > 50 and m["families"].get("global") for m in mix.values())
+    # attention runs on the tensor cores; its dynamic shared memory is Triton's (> 48 KiB at d=128)
+    fa = {k.name: k for k in shipped["flash_attn_fwd_triton"][1].kernels}
+    assert fa["attn_fwd[HEAD_DIM=128,IS_CAUSAL=False]"].smem_bytes > 48 * 1024
+
+
+def test_knobs_change_the_build_and_the_key(shipped):
+    task, base = shipped["rmsnorm_triton"]
+    other = build(task, {"BLOCK": 4096, "NUM_WARPS": 8})
+    assert other.ok and other.key != base.key
+    from tools.triton_build import load_bundle
+
+    rec = load_bundle(other.lib)["kernels"][0]
+    assert rec["constexprs"] == {"BLOCK": 4096} and rec["num_warps"] == 8 and rec["num_stages"] == 1
+    assert rec["types"][0] == "*bf16:16" and rec["extra_params"] in (0, 1, 2)
+    from tools.build import code_digest
+
+    assert code_digest(other.lib) != code_digest(base.lib)
+    # the cache key follows the Triton version (the compiler)
+    from tools import build as build_mod
+
+    assert "triton" in build_mod.compiler_version("triton")
+
+
+def test_flash_attn_triton_shares_the_cuda_tasks_spec_and_shapes():
+    """The two languages compare on one table: same shapes, tolerances, inputs, reference, figures."""
+    from tools.spec import load_spec
+
+    a, b = load_task(FA).manifest, load_task(FA_CUDA).manifest
+    assert a.shapes == b.shapes and a.tolerance == b.tolerance and a.tolerance_for == b.tolerance_for
+    assert a.compute_unit == b.compute_unit and a.min_gain == b.min_gain
+    sa, sb = load_spec(FA / "spec.py").module, load_spec(FA_CUDA / "spec.py").module
+    for fn in ("make_inputs", "make_outputs", "reference", "attention_reference", "flops", "bytes_moved", "input_kind",
+               "scale_of", "_dims", "_sdpa"):
+        assert inspect.getsource(getattr(sa, fn)) == inspect.getsource(getattr(sb, fn)), fn
+    assert set(sa.COMPARATORS) == set(sb.COMPARATORS)
+
+
+def test_manifest_errors_name_the_field(tmp_path):
+    t = tmp_path / "t"
+    shutil.copytree(RMS, t)
+    text = (t / "task.toml").read_text()
+    (t / "task.toml").write_text(text.replace('hidden = "i32"', 'hidden = "int"'))
+    with pytest.raises(TaskError, match=r"triton.kernels.0.signature.*'int' is not one of"):
+        load_task(t)
+    (t / "task.toml").write_text(text.replace('num_warps = "NUM_WARPS"', 'num_warps = "WARPS"'))
+    with pytest.raises(TaskError, match="neither an int nor a knob name"):
+        load_task(t)
+    (t / "task.toml").write_text(text.replace("[triton]\n", "[notriton]\n").replace("[[triton.kernels]]", "[[notriton.kernels]]"))
+    with pytest.raises(TaskError):
+        load_task(t)
+
+
+# ---- the corpus -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from agent.gate import Gate
+
+    trusted = tmp_path_factory.mktemp("trusted") / "rmsnorm_triton"
+    shutil.copytree(RMS, trusted)
+    gate = Gate(trusted, "kernels/rmsnorm_triton")
+    gate.config.standby = False
+    return gate, candidates(gate, tmp_path_factory.mktemp("cands"), TR_CHEATS)
+
+
+def test_corpus_covers_each_layer():
+    kinds = [kind_of(p)[0] for p in TR_CHEATS]
+    assert kinds.count("static") >= 8 and kinds.count("audit") >= 1 and kinds.count("check") >= 3
+
+
+@pytest.mark.parametrize("cheat", [p.stem for p in TR_CHEATS if kind_of(p)[0] == "static"])
+def test_static_kinds_rejected_by_the_rules_and_by_the_build(corpus, cheat):
+    gate, cands = corpus
+    expect = kind_of(next(p for p in TR_CHEATS if p.stem == cheat))[1]
+    hits = gate.static_hits(cands[cheat])
+    assert hits and any(expect in h for h in hits), hits
+    assert all(h.startswith("rmsnorm.py:") for h in hits)
+    # the build refuses it too (nothing of it is imported: the compile never starts)
+    res = gate.build(cands[cheat])
+    assert not res.ok and "static rule" in res.error_text() and expect in res.error_text(), res.error_text()
+    assert not (Path(res.build_dir) / "out").exists()
+
+
+@pytest.mark.parametrize("cheat", [p.stem for p in TR_CHEATS if kind_of(p)[0] in ("audit", "check")])
+def test_audit_and_check_kinds(corpus, cheat):
+    """audit kinds: rules pass, the build succeeds, the audit rejects naming the rule; check kinds get
+    past both (only the check can stop them: tests/gpu/test_triton_tasks.py)."""
+    gate, cands = corpus
+    kind, expect = kind_of(next(p for p in TR_CHEATS if p.stem == cheat))
+    assert gate.static_hits(cands[cheat]) == []
+    res = gate.build(cands[cheat])
+    assert res.ok, res.error_text()
+    report = gate.audit(res)
+    if kind == "audit":
+        assert not report.ok and expect in report.reason(), report.reason()
+    else:
+        assert report.ok, report.reason()
+
+
+def test_rules_accept_the_shipped_sources_and_name_line_and_reason():
+    from tools.triton_rules import check_source
+
+    for p in (FA / "flash_attn_fwd.py", RMS / "rmsnorm.py"):
+        found, kernels = check_source(p.name, p.read_text())
+        assert found == [] and kernels
+    src = "import triton\nimport triton.language as tl\n\n@triton.jit\ndef k(X):\n    x = tl.extra.pkgutil\n"
+    (v,) = check_source("k.py", src)[0]
+    assert v.line == 6 and "pkgutil" in v.reason and str(v).startswith("k.py:6: `tl.extra.pkgutil`")
+
+
+# ---- the runner's launch, against a fake driver ---------------------------------------------------
+
+class FakeDriver:
+    """The few libcuda entry points tools/triton_launch.py calls, recording the launches."""
+
+    def __init__(self, param_sizes):
+        self.sizes, self.launches, self.attrs = param_sizes, [], []
+
+    def cuModuleLoadData(self, mod, image):
+        return 0
+
+    def cuModuleGetFunction(self, fn, mod, name):
+        return 0
+
+    def cuFuncSetAttribute(self, fn, attr, value):
+        self.attrs.append((attr, value))
+        return 0
+
+    def cuFuncGetParamInfo(self, fn, i, off, size):
+        if i >= len(self.sizes):
+            return 1
+        ctypes.cast(size, ctypes.POINTER(ctypes.c_size_t))[0] = self.sizes[i]
+        return 0
+
+    def cuGetErrorString(self, status, msg):
+        return 0
+
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        self.launches.append({"grid": (gx, gy, gz), "block": bx, "shared": shared, "params": params})
+        return 0
+
+
+def _record(**over):
+    import base64
+
+    rec = {"kernel": "k", "label": "k", "variant": {}, "constexprs": {"BLOCK": 128}, "num_warps": 4, "num_stages": 2,
+           "params": ["X", "n", "eps"], "types": ["*bf16:16", "i32:16", "fp32"], "extra_params": 2, "shared": 64 * 1024,
+           "global_scratch_size": 16, "global_scratch_align": 16, "profile_scratch_size": 0, "profile_scratch_align": 1,
+           "cubin": base64.b64encode(b"\x7fELF").decode()}
+    rec.update(over)
+    return rec
+
+
+def test_launch_packs_the_signature_checks_divisibility_and_zeroes_scratch(monkeypatch):
+    import torch
+
+    from tools import triton_launch as tlh
+
+    fake = FakeDriver([8, 4, 4, 8, 8])
+    monkeypatch.setattr(tlh, "driver", lambda: fake)
+    k = tlh.TritonKernel(_record(), torch.device("cpu"))
+    assert fake.attrs == [(tlh.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 64 * 1024)]  # > 48 KiB asked for
+    x = torch.zeros(64, dtype=torch.bfloat16)
+    if x.data_ptr() % 16:
+        pytest.skip("unaligned CPU allocation")
+    seen = []
+
+    def launch_and_dirty(*a):
+        fake.launches.append(a)
+        buf = next(iter(k._scratch.values()))
+        seen.append(int(buf.sum()))
+        buf.fill_(7)  # what a kernel might leave in its scratch for the next call
+        return 0
+
+    monkeypatch.setattr(fake, "cuLaunchKernel", launch_and_dirty)
+    k.launch((3, 2), [x, 32, 0.5], 0)
+    k.launch((3, 2), [x, 48, 0.5], 0)
+    assert seen == [0, 0], "the global scratch is zeroed before every launch"
+    f, gx, gy, gz, bx, by, bz, shared, stream, params, extra = fake.launches[-1]
+    assert (gx, gy, gz, bx, shared) == (3, 2, 1, 128, 64 * 1024)
+    vals = [ctypes.cast(params[i], ctypes.POINTER(t))[0] for i, t in
+            enumerate((ctypes.c_uint64, ctypes.c_int32, ctypes.c_float, ctypes.c_uint64, ctypes.c_uint64))]
+    assert vals[0] == x.data_ptr() and vals[1] == 48 and vals[2] == 0.5 and vals[3] % 16 == 0 and vals[4] == 0
+    with pytest.raises(tlh.TritonLaunchError, match="not divisible by 16"):
+        k.launch((1,), [x, 33, 0.5], 0)
+    with pytest.raises(tlh.TritonLaunchError, match="not divisible by 16"):
+        k.launch((1,), [x[1:], 32, 0.5], 0)
+    with pytest.raises(tlh.TritonLaunchError, match="3 parameters"):
+        k.launch((1,), [x, 32], 0)
+    with pytest.raises(tlh.TritonLaunchError, match="does not fit i32"):
+        k.launch((1,), [x, 1 << 40, 0.5], 0)
+    # a cubin whose kernel takes other parameters than the task's signature never launches
+    fake.sizes = [8, 4, 4, 8]
+    with pytest.raises(tlh.TritonLaunchError, match="the task's signature makes"):
+        tlh.TritonKernel(_record(), torch.device("cpu"))
