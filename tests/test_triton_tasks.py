@@ -22,8 +22,8 @@ FA, FA_CUDA, RMS = ROOT / "kernels" / "flash_attn_fwd_triton", ROOT / "kernels" 
 
 
 @pytest.fixture(scope="module")
-def shipped():
-    return {p.name: (load_task(p), build(load_task(p))) for p in (FA, RMS)}
+def shipped(kernel_build_cache):  # the cache tests/test_kernels.py builds the starters in: each compiles once
+    return {p.name: (load_task(p), build(load_task(p), cache_dir=kernel_build_cache)) for p in (FA, RMS)}
 
 
 def test_shipped_tasks_build_audit_and_show_ptxas_and_sass(shipped):
@@ -53,7 +53,7 @@ def test_shipped_tasks_build_audit_and_show_ptxas_and_sass(shipped):
 
 def test_knobs_change_the_build_and_the_key(shipped):
     task, base = shipped["rmsnorm_triton"]
-    other = build(task, {"BLOCK": 4096, "NUM_WARPS": 8})
+    other = build(task, {"BLOCK": 4096, "NUM_WARPS": 8}, cache_dir=Path(base.build_dir).parent)
     assert other.ok and other.key != base.key
     from tools.triton_build import load_bundle
 
@@ -154,6 +154,10 @@ def test_rules_accept_the_shipped_sources_and_name_line_and_reason():
     src = "import triton\nimport triton.language as tl\n\n@triton.jit\ndef k(X):\n    x = tl.extra.pkgutil\n"
     (v,) = check_source("k.py", src)[0]
     assert v.line == 6 and "pkgutil" in v.reason and str(v).startswith("k.py:6: `tl.extra.pkgutil`")
+    # a module held in a local, or a module name rebound, would hide the paths from the resolution above
+    for body in ("    m = tl.core\n    f = m.builtins.open\n", "    m = tl\n", "    tl = tl.core\n"):
+        found = check_source("k.py", src.replace("    x = tl.extra.pkgutil\n", body))[0]
+        assert found and all("module" in v.reason for v in found), (body, found)
 
 
 # ---- the runner's launch, against a fake driver ---------------------------------------------------

@@ -28,6 +28,7 @@ from tools.task import TRITON_DIVISOR, KnobValue, Task
 BUNDLE_FORMAT = "kloop-triton-1"
 TRITON_SCHEME = "kloop-triton-build-2"  # bump when the Triton build recipe changes (part of the cache key)
 BUNDLE_SUFFIX = ".triton.json"
+MAX_SHARED = {90: 232448, 100: 232448, 80: 166912, 89: 101376}  # opt-in dynamic shared memory per block (B)
 MAX_EXTRA_PARAMS = 2  # Triton >= 3.5 appends global-scratch and profile-scratch pointers to every kernel
 ALLOWED_UNDEFINED = {".nv.reservedSmem.offset0"}  # ptxas's reserved shared-memory marker, in every cubin
 # the only module-scope data Triton's cubins carry: libdevice's __nvvm_reflect("__CUDA_...") strings,
@@ -79,6 +80,7 @@ def jobs(task: Task, knobs: dict[str, KnobValue], src_root: Path) -> list[dict]:
                 "types": list(k.signature.values()), "params": list(k.signature),
                 "divisible": [i for i, t in enumerate(k.signature.values()) if t.endswith(f":{TRITON_DIVISOR}")],
                 "constexprs": constexprs, "num_warps": int(nw), "num_stages": int(ns),
+                "capability": capability(task.manifest.arch),
             })
     return out
 
@@ -170,6 +172,9 @@ def _record(job: dict, res: dict, out: Path) -> tuple[dict, str | None]:
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= (1 << 30):
             return {}, f"metadata {key} = {v!r} is not a size"
         ints[key] = v
+    limit = MAX_SHARED.get(job["capability"])
+    if limit and ints["shared"] > limit:
+        return {}, f"needs {ints['shared']} B of shared memory per program; sm_{job['capability']} has {limit} B"
     if res.get("name") != job["kernel"]:
         return {}, f"the compiled kernel is named {res.get('name')!r}, not {job['kernel']!r}"
     n_ptx = ptx_param_count(ptx.read_text(errors="replace"), job["kernel"])

@@ -157,7 +157,11 @@ class _Rules:
         local = set(params)
         for node in ast.walk(ast.Module(body=fn.body, type_ignores=[])):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                if node.id in self.module_names:  # `tl = tl.core` would hide the paths behind a local
+                    self.bad(node, f"`{node.id}` is a module name: a kernel does not rebind it")
                 local.add(node.id)
+        for name in params & self.module_names:
+            self.bad(fn, f"parameter `{name}` shadows a module name")
         for stmt in fn.body:
             for node in ast.walk(stmt):
                 if isinstance(node, FORBIDDEN_NODES):
@@ -166,6 +170,7 @@ class _Rules:
 
     def expr_names(self, tree: ast.AST, params: set[str], local: set[str]) -> None:
         seen_chains: set[int] = set()
+        roots: set[int] = set()  # Names that root an attribute path (ast.walk visits the path first)
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute):
                 if node.attr.startswith("_"):
@@ -177,6 +182,7 @@ class _Rules:
                 while isinstance(inner, ast.Attribute):  # the whole chain is judged once, at its top
                     seen_chains.add(id(inner))
                     inner = inner.value
+                roots.add(id(inner))
                 if c is not None and c[0] in self.aliases and c[0] not in local:
                     why = resolve_triton_path(self.aliases[c[0]], c[1:])
                     if why:
@@ -188,8 +194,8 @@ class _Rules:
                         and node.id not in ("True", "False", "None"):
                     self.bad(node, f"`{node.id}` is neither a parameter, a local, a module name nor a builtin "
                                    f"Triton compiles ({', '.join(sorted(KERNEL_BUILTINS))})")
-                elif node.id in self.aliases and node.id not in local:
-                    pass  # a bare module alias is judged through its attribute chain
+                elif node.id in self.aliases and id(node) not in roots:
+                    self.bad(node, f"`{node.id}` is a module: a kernel uses it only through its attributes")
 
 
 def resolve_triton_path(module: str, attrs: list[str]) -> str | None:
@@ -219,7 +225,7 @@ def resolve_triton_path(module: str, attrs: list[str]) -> str | None:
         elif i < len(attrs) - 1:
             return None  # an attribute of a triton.language object (a dtype's, a class's): device code
     if isinstance(obj, types.ModuleType):
-        return None  # a module alias used as a value; its own attributes are judged where used
+        return f"`{path}` is a module: a kernel uses it only through its attributes"
     owner = getattr(obj, "__module__", None) or type(obj).__module__
     if not (owner.startswith("triton.language") or owner.startswith("triton.runtime.jit")
             or path in ("triton.cdiv", "triton.next_power_of_2", "triton.jit")):
