@@ -79,7 +79,15 @@ def briefing_fields(session) -> dict[str, str]:
         tol_text += f"; output {name}: atol {t.atol:g}, rtol {t.rtol:g}" + (f", norm {t.norm_rtol:g}" if t.norm_rtol is not None else "")
     from agent.gate import DEFAULT_FORBIDDEN
 
-    forbidden = [f"- `{f.pattern}`: {f.reason}" for f in m.forbidden] + [f"- `{p}`: {r}" for p, r in DEFAULT_FORBIDDEN]
+    forbidden = [f"- `{f.pattern}`: {f.reason}" for f in m.forbidden]
+    if m.target == "triton":  # rules on the Python AST (tools/triton_rules.py), not C patterns
+        forbidden += ["- anything but imports of triton / triton.language, constants (literal or tl.constexpr(literal)) "
+                      "and top-level @triton.jit functions; in kernels: names outside triton.language, `_` attributes, "
+                      "getattr/exec/open/print, lambdas, f-strings, device printing",
+                      "- changing a kernel's parameters: the launch (signature, constexprs, grid) is the task's "
+                      f"({', '.join(f'{k.name}({chr(44).join(k.signature)})' for k in m.triton.kernels)})"]
+    else:
+        forbidden += [f"- `{p}`: {r}" for p, r in DEFAULT_FORBIDDEN]
     files = task.editable_files(session.ws.task_path)
     return {
         "task_name": m.name,

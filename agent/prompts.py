@@ -48,7 +48,7 @@ def playbook_name(target: str, arch: str | None = None) -> str | None:
     """The playbook for a task's target: 'hopper' for CUDA on sm_90/sm_90a, 'cpu' for CPU tasks."""
     if target == "cpu":
         return "cpu"
-    if target == "cuda" and (arch is None or arch.startswith("sm_90")):
+    if target in ("cuda", "triton") and (arch is None or arch.startswith("sm_90")):
         return "hopper"
     return None
 

@@ -40,7 +40,7 @@ def test_shipped_tasks_build_audit_and_show_ptxas_and_sass(shipped):
             assert k.registers and 8 <= k.registers <= 255 and k.arch == "sm_90a", k
             assert k.spill_store_bytes == 0 and k.spill_load_bytes == 0, k  # the baselines do not spill
         report = audit_task_build(task, Path(res.build_dir))
-        assert report.ok and report.objects == len(want[name]), report.reason()
+        assert report.ok and report.cubins == len(want[name]), report.reason()
         mix, err = sass_summary(task, res.lib)
         if err and "not found" in err:
             pytest.skip(err)
@@ -51,7 +51,7 @@ def test_shipped_tasks_build_audit_and_show_ptxas_and_sass(shipped):
     assert fa["attn_fwd[HEAD_DIM=128,IS_CAUSAL=False]"].smem_bytes > 48 * 1024
 
 
-def test_knobs_change_the_build_and_the_key(shipped):
+def test_knobs_change_the_build_and_the_key(shipped, tmp_path):
     task, base = shipped["rmsnorm_triton"]
     other = build(task, {"BLOCK": 4096, "NUM_WARPS": 8}, cache_dir=Path(base.build_dir).parent)
     assert other.ok and other.key != base.key
@@ -63,6 +63,12 @@ def test_knobs_change_the_build_and_the_key(shipped):
     from tools.build import code_digest
 
     assert code_digest(other.lib) != code_digest(base.lib)
+    # a comment moves every line below it: a new build, the same code (the session refuses it as a re-draw)
+    moved = tmp_path / "moved"
+    shutil.copytree(RMS, moved)
+    (moved / "rmsnorm.py").write_text((moved / "rmsnorm.py").read_text().replace("@triton.jit", "# moved\n\n@triton.jit"))
+    same = build(task, src_root=moved, cache_dir=Path(base.build_dir).parent)
+    assert same.ok and same.key != base.key and code_digest(same.lib) == code_digest(base.lib)
     # the cache key follows the Triton version (the compiler)
     from tools import build as build_mod
 

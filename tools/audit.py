@@ -114,6 +114,7 @@ class AuditReport(BaseModel):
     findings: list[Finding] = Field(default_factory=list)
     objects: int = 0
     headers: int = 0
+    cubins: int = 0  # a Triton build's: its kernels' cubins (no host objects, no headers)
 
     def reason(self, limit: int = 6) -> str:
         shown = "; ".join(str(f) for f in self.findings[:limit])
@@ -173,6 +174,9 @@ def audit_line(report: AuditReport | None, error: str | None = None) -> str:
     """One line for people and agents: what the gate's audit of this build would say at submit."""
     if report is None:
         return f"audit: could not run ({error}); the gate would reject this build"
+    if report.ok and report.cubins:
+        return (f"audit: ok ({report.cubins} cubin{'s' * (report.cubins != 1)}: only the declared kernels, nothing imported, "
+                "no module-scope device data; the static rules on the sources, as the gate checks them at submit)")
     if report.ok:
         return (f"audit: ok ({report.objects} object{'s' * (report.objects != 1)}, {report.headers} headers read; "
                 "symbols, syscalls, load-time code and includes as the gate checks them at submit)")

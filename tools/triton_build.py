@@ -258,7 +258,7 @@ def audit_triton_build(task: Task, build_dir: Path):
                 or hashlib.sha256(data).hexdigest() != r["cubin_sha256"]:
             findings.append(Finding(rule="kernels", file=r["cubin_file"], detail="the cubin is not the one the compile wrote"))
         findings += cubin_findings(data, r["kernel"], r["cubin_file"])
-    return AuditReport(ok=not findings, findings=findings, objects=len(bundle["kernels"]), headers=0)
+    return AuditReport(ok=not findings, findings=findings, cubins=len(bundle["kernels"]))
 
 
 def cubin_findings(data: bytes, kernel: str, where: str) -> list:
