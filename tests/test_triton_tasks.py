@@ -251,3 +251,33 @@ def test_launch_packs_the_signature_checks_divisibility_and_zeroes_scratch(monke
     fake.sizes = [8, 4, 4, 8]
     with pytest.raises(tlh.TritonLaunchError, match="the task's signature makes"):
         tlh.TritonKernel(_record(), torch.device("cpu"))
+
+
+def test_spec_launch_picks_the_variant_and_computes_the_grid(shipped, monkeypatch):
+    """flash_attn_fwd_triton's trusted launch on a loaded bundle (fake driver): the variant by head dim
+    and causality, grid (cdiv(seqlen, BLOCK_M), batch * heads), the arguments in the signature's order."""
+    import torch
+
+    from tools import triton_launch as tlh
+    from tools.spec import load_spec
+
+    task, res = shipped["flash_attn_fwd_triton"]
+    fake = FakeDriver([8] * 5 + [4, 4] + [8, 8])
+    monkeypatch.setattr(tlh, "driver", lambda: fake)
+    lib = tlh.TritonModule(res.lib, torch.device("cpu"))
+    assert len(lib.kernels) == 4 and lib.knobs == task.knob_defaults()
+    with pytest.raises(tlh.TritonLaunchError, match="no compiled variant"):
+        lib.kernel("attn_fwd", HEAD_DIM=128, IS_CAUSAL=1)  # 1 is not True: variants match exactly
+    spec = load_spec(task.spec_path)
+    dims = task.shape("d128_s100_causal").dims
+    inputs = spec.make_inputs(dims, torch.Generator().manual_seed(0), torch.device("cpu"))
+    outputs = spec.make_outputs(dims, inputs)
+    if any(t.data_ptr() % 16 for t in [*inputs.values(), *outputs.values()]):
+        pytest.skip("unaligned CPU allocation")
+    spec.launch(lib, dims, inputs, outputs, 0)
+    (call,) = fake.launches
+    assert call["grid"] == (2, 2, 1) and call["block"] == 32 * 4 and call["shared"] > 48 * 1024
+    p = call["params"]
+    assert ctypes.cast(p[0], ctypes.POINTER(ctypes.c_uint64))[0] == inputs["q"].data_ptr()
+    assert ctypes.cast(p[5], ctypes.POINTER(ctypes.c_int32))[0] == 100
+    assert abs(ctypes.cast(p[6], ctypes.POINTER(ctypes.c_float))[0] - 128 ** -0.5) < 1e-7

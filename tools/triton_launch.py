@@ -186,7 +186,8 @@ class TritonModule:
             raise TritonLaunchError(f"{path}: not a kloop Triton bundle")
         self.path = str(path)
         self.device = device or torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.current_stream()  # the primary context current on this thread before the driver calls
+        if self.device.type == "cuda":
+            torch.cuda.current_stream()  # the primary context current on this thread before the driver calls
         self.knobs = data.get("knobs", {})
         self.kernels = [TritonKernel(r, self.device) for r in data["kernels"]]
 
