@@ -130,6 +130,8 @@ def export(target: AuditTarget, out: Path, namespace: str = "kloop", run_dir: Pa
     with tempfile.TemporaryDirectory(prefix="kloop-export-") as tmp:
         base_task = load_task(export_commit(target.repo, target.base, Path(tmp) / "base", target.task_rel))
         best_dir = export_commit(target.repo, tip, Path(tmp) / "best", target.task_rel)
+        if base_task.target == "triton":  # the package builds a C++/CUDA library with torch's extension tooling
+            raise ExportError(f"{base_task.name} is a Triton task: `kloop export` packages CUDA and C++ tasks only (not yet Triton)")
         spec = load_spec(base_task.root / base_task.manifest.spec)
         sig = op_signature(base_task, spec)
         knobs = base_task.knob_settings(best_dir)

@@ -284,7 +284,7 @@ class Gate:
         if not built.ok:
             return done(Verdict(accepted=False, stage="build", build=built,
                                 reason="build failed: " + built.error_text()[:1500]))
-        if self.task.target == "cuda" and built.lib:  # cuobjdump reads the binary, never runs it
+        if self.task.on_gpu and built.lib:  # cuobjdump reads the binary, never runs it
             pool = ThreadPoolExecutor(1, thread_name_prefix="kloop-sass")
             sass_job.append(pool.submit(sass_figures, self.task, built.lib))
             pool.shutdown(wait=False)

@@ -159,7 +159,7 @@ class RayPool:
             raise PoolError(f"--workers {workers}: at least 1")
         self.ray, self.workers, self.gate = ray, workers, gate
         task = gate.task
-        self.cuda = task.target == "cuda"
+        self.cuda = task.on_gpu
         if not ray.is_initialized():
             with _no_secrets_in_environ():
                 kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)

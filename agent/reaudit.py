@@ -181,7 +181,7 @@ def _task_folder(repo: Path, commit: str, paths: list[str]) -> str | None:
 
 def runnable_upto(target: str, no_timing: bool) -> tuple[str, str]:
     """How far the gate can run here, and why not further ('' when as far as asked)."""
-    if target == "cuda":
+    if target in ("cuda", "triton"):
         from tools.device import gpu_available
 
         if not gpu_available():
