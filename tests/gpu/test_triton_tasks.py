@@ -3,9 +3,8 @@ load in a sandboxed runner through the CUDA driver; the baselines pass every che
 beside their comparators; the Triton cheats of kind "check" are rejected at the check; the same code
 is not "faster"; a tuner session on rmsnorm_triton lands a gated commit.
 
-Run on the device machine (pip install -e ".[sass,test,triton]" first; Triton >= 3.4):
-    KLOOP_TRITON_KNOB_BUILDS=1 python -m pytest -q -s -m gpu tests/gpu/test_triton_tasks.py tests/test_triton_tasks.py \
-        tests/test_kernels.py -k triton
+Run on the device machine: `bash bench/device_triton.sh` (one device call, < 600 s: provisioning, the
+knob builds, the CPU-side Triton tests, `kloop eval` of both tasks and the CUDA attention, then this file).
 """
 
 from __future__ import annotations
