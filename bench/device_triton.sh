@@ -19,9 +19,9 @@ run() {  # name, timeout, command...
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "$name rc=$? $(( $(date +%s) - start )) s" >> "$out/timing.txt"
 }
-run cpu_tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_tasks.py tests/test_kernels.py -k triton
-for t in rmsnorm_triton flash_attn_fwd_triton flash_attn_fwd; do
-  run "eval_$t" 50 python3 -m agent.cli eval "kernels/$t" --seconds 0.4
-done
-run gpu_tests 240 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_triton_tasks.py
+run cpu_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_triton_tasks.py tests/test_kernels.py -k triton
+run eval_rmsnorm_triton 45 python3 -m agent.cli eval kernels/rmsnorm_triton --seconds 0.4
+run eval_flash_attn_fwd_triton 45 python3 -m agent.cli eval kernels/flash_attn_fwd_triton --seconds 0.4
+run eval_flash_attn_fwd 80 python3 -m agent.cli eval kernels/flash_attn_fwd --seconds 0.4  # nvcc: the one table's CUDA row
+run gpu_tests 220 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_triton_tasks.py
 cat "$out/timing.txt"
