@@ -281,3 +281,27 @@ def test_spec_launch_picks_the_variant_and_computes_the_grid(shipped, monkeypatc
     assert ctypes.cast(p[0], ctypes.POINTER(ctypes.c_uint64))[0] == inputs["q"].data_ptr()
     assert ctypes.cast(p[5], ctypes.POINTER(ctypes.c_int32))[0] == 100
     assert abs(ctypes.cast(p[6], ctypes.POINTER(ctypes.c_float))[0] - 128 ** -0.5) < 1e-7
+
+
+def test_kloop_eval_of_a_triton_task_without_a_gpu(shipped, monkeypatch):
+    """`kloop eval TASK --json` here: built, audited, SASS per kernel; check and timing say why not."""
+    import json
+
+    import torch
+    from typer.testing import CliRunner
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU here: the check runs (tests/gpu/test_triton_tasks.py)")
+
+    from agent.cli import app
+
+    task, res = shipped["rmsnorm_triton"]
+    monkeypatch.setenv("KLOOP_CACHE", str(Path(res.build_dir).parent))  # the fixture's build: cached
+    out = CliRunner().invoke(app, ["eval", str(RMS), "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["target"] == "triton" and data["build"]["ok"] and data["build"]["cached"]
+    assert data["audit"]["ok"] and data["audit"]["cubins"] == 1
+    assert data["build"]["kernels"][0]["registers"] > 0
+    assert "add_rmsnorm" in data["sass"] or "not found" in (data["sass_error"] or "")
+    assert "no CUDA GPU" in data["check_error"]
