@@ -160,6 +160,15 @@ def test_rules_accept_the_shipped_sources_and_name_line_and_reason():
     src = "import triton\nimport triton.language as tl\n\n@triton.jit\ndef k(X):\n    x = tl.extra.pkgutil\n"
     (v,) = check_source("k.py", src)[0]
     assert v.line == 6 and "pkgutil" in v.reason and str(v).startswith("k.py:6: `tl.extra.pkgutil`")
+    # every public name of the installed triton.language is usable, but device output and bare modules
+    import types
+
+    import triton.language as tl
+
+    from tools.triton_rules import NO_OUTPUT, resolve_triton_path
+
+    refused = {n for n in tl.__all__ if resolve_triton_path("triton.language", [n])}
+    assert refused == {n for n in tl.__all__ if n in NO_OUTPUT or isinstance(getattr(tl, n), types.ModuleType)}, refused
     # a module held in a local, or a module name rebound, would hide the paths from the resolution above
     for body in ("    m = tl.core\n    f = m.builtins.open\n", "    m = tl\n", "    tl = tl.core\n"):
         found = check_source("k.py", src.replace("    x = tl.extra.pkgutil\n", body))[0]

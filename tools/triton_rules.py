@@ -226,9 +226,12 @@ def resolve_triton_path(module: str, attrs: list[str]) -> str | None:
             return None  # an attribute of a triton.language object (a dtype's, a class's): device code
     if isinstance(obj, types.ModuleType):
         return f"`{path}` is a module: a kernel uses it only through its attributes"
+    if isinstance(obj, (bool, int, float, str)) or obj is None:
+        return None  # a constant of triton.language (TRITON_MAX_TENSOR_NUMEL)
     owner = getattr(obj, "__module__", None) or type(obj).__module__
-    if not (owner.startswith("triton.language") or owner.startswith("triton.runtime.jit")
-            or path in ("triton.cdiv", "triton.next_power_of_2", "triton.jit")):
+    if owner == "triton._C.libtriton.ir" and isinstance(obj, type):
+        return None  # an enum of the IR triton.language re-exports (tl.PropagateNan)
+    if not (owner.startswith("triton.language") or path in ("triton.cdiv", "triton.next_power_of_2", "triton.jit")):
         return f"`{path}` comes from {owner}, not triton.language"
     return None
 
