@@ -3,8 +3,11 @@
 Stages, each a reason to reject: scope (every changed path matches the task's editable globs),
 static rules (forbidden patterns), build, check (fresh secret seed, every check shape, in a fresh
 worker), paired A/B timing against the best (fresh worker; outputs of timed calls re-checked; work
-escaping the timed stream detected), and the decision: the lower 95% bound of the weighted
-geometric-mean speedup must clear 1 + min_gain with no shape regressing beyond its allowance.
+escaping the timed stream detected), and the decision (tools/stats.PassCriterion, rebuilt here from
+the report's per-pass times): the speedup is the ratio of the bench workload's times (every call
+counted); its lower bound, at this best's spent error budget, must clear 1 + min_gain with no shape
+possibly regressing beyond its allowance, on at least MIN_PASSES passes and an interval no wider
+than the noise limit.
 
 The manifest, the spec and every non-editable file come from the trusted copy of the task (the
 run's base commit), never from the candidate.
@@ -33,6 +36,7 @@ from tools.build import BuildResult, build
 from tools.fmt import fmt_ms, fmt_num, fmt_speedup
 from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest
 from tools.runner import StandbySlot, run_worker
+from tools.stats import DecisionRules, look_alpha
 
 Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "accepted", "interrupted", "partial"]
 # how far `Gate.evaluate` goes: every layer ("timing"), or stop after the check or after the audit of
@@ -52,11 +56,20 @@ class GateConfig(BaseModel):
     min_pairs: int = 20
     target_halfwidth: float = 0.004  # stop sampling when the log-speedup 95% interval is this tight
     check_rounds: int = 2
-    # extra slowdown (s) the candidate may add outside the timed stream before it counts as escaping
-    escape_abs_s: float = 30e-6
-    escape_rel: float = 0.25
+    # the false-accept rate per best: every timed decision against one best spends from this one
+    # budget (the i-th at one-sided level alpha * 6 / (pi^2 i^2), tools/stats.py), so re-submits
+    # and longer gates cannot add up to more
+    false_accept_rate: float = Field(0.01, gt=0, lt=0.5)
+    # work outside the timed region the candidate may add over the best's, like for like: a few robust
+    # standard errors of the best's own probes in the same run, plus a small relative (and absolute) floor
+    escape_sigmas: float = 4.0
+    escape_rel_floor: float = 0.03
+    escape_abs_floor_s: float = 1e-6
+    # CPU after answering, over every timed call (an honest runner sits blocked on its pipe)
+    after_return_abs_s: float = 30e-6
     after_return_rel: float = 0.05
-    # a 95% interval whose half-width (in log) exceeds this decides nothing: "undecided (noisy machine)"
+    # an interval whose half-width (in log, at the look's level) exceeds this decides nothing, accept
+    # and regression alike: "undecided (noisy machine)"
     noisy_halfwidth: float = 0.05
     # the best's time now over its time when it was accepted, beyond which nothing is decided
     best_slowdown_limit: float = 2.5
@@ -231,9 +244,11 @@ class Gate:
 
     # -- the whole evaluation --------------------------------------------------------------------
     def evaluate(self, cand: Candidate, best: BuildResult | None, max_seconds: float | None = None,
-                 upto: Upto = "timing") -> Verdict:
+                 upto: Upto = "timing", look: int = 1) -> Verdict:
         """Judge a candidate against the best build (None: a baseline evaluation, no timing).
-        `max_seconds`: this decision's timing cap (default: the config's). `upto` "check" or "audit"
+        `max_seconds`: this decision's timing cap (default: the config's). `look`: which timed decision
+        against this best this is (1 + the timed decisions the run record holds against it: each
+        spends from the best's one error budget). `upto` "check" or "audit"
         stops after that layer (the best then only says whether anything changed); what passes comes
         back rejected at stage "partial", never accepted."""
         started = time.monotonic()
@@ -300,7 +315,7 @@ class Gate:
         if upto == "audit":
             return done(Verdict(accepted=False, stage="partial", build=built, audit=audited,
                                 reason="scope, static rules, build and audit pass; check and timing not run"))
-        verdict = self.judge_built(built, best if upto == "timing" else None, max_seconds=max_seconds)
+        verdict = self.judge_built(built, best if upto == "timing" else None, max_seconds=max_seconds, look=look)
         if upto != "timing" and verdict.accepted:
             verdict = verdict.model_copy(update=dict(accepted=False, stage="partial",
                                                      reason="correct on fresh inputs; timing not run"))
@@ -318,7 +333,8 @@ class Gate:
         stages = {"processes": round(max(0.0, wall - sum(inner.values())), 3), **inner}
         return res, stages
 
-    def judge_built(self, built: BuildResult, best: BuildResult | None, max_seconds: float | None = None) -> Verdict:
+    def judge_built(self, built: BuildResult, best: BuildResult | None, max_seconds: float | None = None,
+                    look: int = 1) -> Verdict:
         """The runtime layers on a built library, in ONE judge process: check in the candidate's runner,
         then (against `best`, whose runner starts meanwhile) paired timing."""
         check_seed = secrets.randbits(62)
@@ -331,7 +347,7 @@ class Gate:
         else:
             timing_seed = secrets.randbits(62)
             seconds = max_seconds or self.config.max_seconds
-            req = self.ab_request(best.lib, built.lib, timing_seed, max_seconds=seconds).model_copy(update={
+            req = self.ab_request(best.lib, built.lib, timing_seed, max_seconds=seconds, look=look).model_copy(update={
                 "kind": "gate", "seed": check_seed, "timing_seed": timing_seed, "check_shapes": check_shapes,
                 "rounds": self.config.check_rounds})
             res, stages = self._run_judge(req, timeout=2 * self.task.manifest.timeout_s + 4 * seconds + 60)
@@ -348,13 +364,13 @@ class Gate:
                            check_seed=check_seed, reason="baseline passes its check", **ran)
         return self._timed_verdict(res, built, best, res.check, check_seed, timing_seed).model_copy(update=ran)
 
-    def decide(self, built: BuildResult, best: BuildResult, check: CheckReport, check_seed: int) -> Verdict:
+    def decide(self, built: BuildResult, best: BuildResult, check: CheckReport, check_seed: int, look: int = 1) -> Verdict:
         """Paired timing alone in a fresh judge, then `judge`."""
         m = self.task.manifest
         timing_seed = secrets.randbits(62)
         self._stage("timing", "started")
         started = time.monotonic()
-        res, stages = self._run_judge(self.ab_request(best.lib, built.lib, timing_seed),
+        res, stages = self._run_judge(self.ab_request(best.lib, built.lib, timing_seed, look=look),
                                       timeout=m.timeout_s + 4 * self.config.max_seconds + 60)
         verdict = self._timed_verdict(res, built, best, check, check_seed, timing_seed)
         return verdict.model_copy(update=dict(stage_seconds=stages, judge=res.standby,
@@ -379,13 +395,32 @@ class Gate:
             self._recorded_times[built.lib] = {s.shape: s.time_b for s in res.ab.shapes}
         return verdict
 
-    def ab_request(self, best_lib: str, cand_lib: str, seed: int, max_seconds: float | None = None) -> WorkerRequest:
+    def remember_times(self, lib: str, times: dict[str, float]) -> None:
+        """The best's per-shape seconds per call as recorded when it became the best (the run record's:
+        agent/session.py loads them in every process), for the sabotage check of later decisions."""
+        if times:
+            self._recorded_times[lib] = dict(times)
+
+    def rules(self, look: int = 1, allowances: dict[str, float] | None = None) -> DecisionRules:
+        """The decision rules of the `look`-th timed decision against one best (the judge's loop gets
+        the same through the request: tools/ab.decision_rules)."""
+        from tools.ab import MIN_PASSES
+
+        cfg = self.config
+        return DecisionRules(min_gain=self.task.manifest.min_gain, min_passes=MIN_PASSES,
+                             allowances=allowances or {s.name: self.task.allowance(s) for s in self.task.bench_shapes},
+                             alpha=look_alpha(cfg.false_accept_rate, look), noisy_halfwidth=cfg.noisy_halfwidth,
+                             target_halfwidth=cfg.target_halfwidth, min_pairs=cfg.min_pairs)
+
+    def ab_request(self, best_lib: str, cand_lib: str, seed: int, max_seconds: float | None = None,
+                   look: int = 1) -> WorkerRequest:
         shapes = self.task.bench_shapes
+        rules = self.rules(look)
         return WorkerRequest(
             kind="ab", task_dir=str(self.trusted_dir), libs=[best_lib, cand_lib], shapes=[s.name for s in shapes],
-            seed=seed, max_seconds=max_seconds or self.config.max_seconds, min_pairs=self.config.min_pairs,
-            target_halfwidth=self.config.target_halfwidth, min_gain=self.task.manifest.min_gain,
-            allowances={s.name: self.task.allowance(s) for s in shapes}, weights={s.name: s.weight for s in shapes},
+            seed=seed, max_seconds=max_seconds or self.config.max_seconds, min_pairs=rules.min_pairs,
+            target_halfwidth=rules.target_halfwidth, noisy_halfwidth=rules.noisy_halfwidth, alpha=rules.alpha,
+            look=look, min_gain=rules.min_gain, allowances=rules.allowances, weights={s.name: s.weight for s in shapes},
         )
 
     def judge(self, ab: ABReport, **evidence) -> Verdict:
@@ -397,13 +432,36 @@ class Gate:
         regression and never an accept.
         """
         m = self.task.manifest
+        ab, crit = self.estimated(ab)
         common = dict(evidence, ab=ab, speedup=ab.speedup, speedup_lo=ab.speedup_lo, speedup_hi=ab.speedup_hi,
                       min_gain=m.min_gain)
         problem = self.integrity_problem(ab)
         if problem is not None:
             stage, reason = problem
             return Verdict(accepted=False, stage=stage, **common, reason=reason)
-        return self._speed_verdict(ab, common)
+        return self._speed_verdict(ab, crit, common)
+
+    def estimated(self, ab: ABReport):
+        """(a copy of the report whose speedups, intervals and per-shape times are the criterion's, the
+        criterion): rebuilt from the per-pass times at the report's look, so no figure of a verdict comes
+        from anywhere but the one estimator."""
+        from tools.ab import criterion_of
+
+        known = {sh.name for sh in self.task.bench_shapes}
+        allowances = {s.shape: self.task.allowance(self.task.shape(s.shape)) for s in ab.shapes if s.shape in known}
+        crit = criterion_of(ab, self.rules(max(1, ab.look), allowances))
+        ab = ab.model_copy(deep=True)
+        alpha = crit.rules.alpha
+        total = crit.estimate()
+        ab.speedup, (ab.speedup_lo, ab.speedup_hi) = total.speedup, total.interval(alpha)
+        ab.passes, ab.alpha = crit.passes, alpha
+        for s in ab.shapes:
+            e = crit.shape_estimate(s.shape)
+            s.speedup, (s.speedup_lo, s.speedup_hi) = e.speedup, e.interval(alpha)
+            s.log_speedup, s.log_speedup_se = e.log_ratio, (e.se if math.isfinite(e.se) else 1e9)
+            if crit.passes:
+                s.time_a, s.time_b = e.mean_a, e.mean_b
+        return ab, crit
 
     def integrity_problem(self, ab: ABReport) -> tuple[Stage, str] | None:
         """What the timing integrity layers find in a paired-timing report, before any speed question
@@ -433,11 +491,15 @@ class Gate:
         escaped = [s for s in ab.shapes if self._escaped(s)]
         if escaped:
             return "timing", "work outside the timed region (other streams, host threads or work after return): " + "; ".join(
-                f"{s.shape}: {_us(s.extra_b)} per call outside the timed region vs {_us(s.extra_a)} for the best, "
+                f"{s.shape}: {_us(s.extra_b)} per call outside the timed region vs {_us(s.extra_a)} for the best "
+                f"(allowed {_us(self.escape_allowance(s))} more: {self.config.escape_sigmas:g} x sqrt 2 x the best's "
+                f"probe spread {_us(s.extra_a_se)}, floor {self.config.escape_rel_floor:.0%} of its time), "
                 f"of which after return {_us(s.after_return_b)} vs {_us(s.after_return_a)} "
                 f"(timed {_us(s.time_b)} vs {_us(s.time_a)}; wall until idle {_us(s.wall_b)} vs {_us(s.wall_a)}; "
                 f"{s.probes} cold probes each)" for s in escaped)
-        if not all(_finite(x) and x > 0 for x in (ab.speedup, ab.speedup_lo, ab.speedup_hi,
+        from tools.ab import MIN_PASSES
+
+        if ab.passes >= MIN_PASSES and not all(_finite(x) and x > 0 for x in (ab.speedup, ab.speedup_lo, ab.speedup_hi,
                                                   *(v for s in ab.shapes for v in (s.speedup, s.speedup_lo, s.speedup_hi)))):
             spent = ab.timing_seconds if _finite(ab.timing_seconds) and ab.timing_seconds > 0 else self.config.max_seconds
             return "undecided", (
@@ -452,33 +514,36 @@ class Gate:
                                              for s in sabotaged))
         return None
 
-    def _speed_verdict(self, ab: ABReport, common: dict) -> Verdict:
-        """The speed question, once the integrity layers found nothing."""
+    def _speed_verdict(self, ab: ABReport, crit, common: dict) -> Verdict:
+        """The speed question, once the integrity layers found nothing: the criterion's decision."""
         m = self.task.manifest
+        d = crit.decision()
         allowed = {s.shape: 1 - self.task.allowance(self.task.shape(s.shape)) for s in ab.shapes}
-        regressed = [s for s in ab.shapes if s.speedup_hi < allowed[s.shape]]
-        if regressed:
-            return Verdict(accepted=False, stage="timing", **common, reason="regression beyond the allowance on " + ", ".join(
-                f"{s.shape} (x{s.speedup:.4f}, 95% interval [{s.speedup_lo:.4f}, {s.speedup_hi:.4f}], allowed down to "
-                f"x{allowed[s.shape]:.3f})" for s in regressed))
+        by_name = {s.shape: s for s in ab.shapes}
         needed = 1 + m.min_gain
-        maybe_regressed = [s for s in ab.shapes if s.speedup_lo < allowed[s.shape]]
-        if ab.speedup_lo > needed and not maybe_regressed:
+        level = (f"interval at one-sided {100 * ab.alpha:.2g}% per bound (timed look {ab.look} at this best), "
+                 f"{ab.passes} passes")
+        interval = f"x{ab.speedup:.4f}, {level}: [{ab.speedup_lo:.4f}, {ab.speedup_hi:.4f}]"
+        if d.kind == "regression":
+            return Verdict(accepted=False, stage="timing", **common, reason="regression beyond the allowance on " + ", ".join(
+                f"{s.shape} (x{s.speedup:.4f}, interval [{s.speedup_lo:.4f}, {s.speedup_hi:.4f}], allowed down to "
+                f"x{allowed[s.shape]:.3f})" for s in (by_name[n] for n in d.regressed)) + f" ({level})")
+        if d.kind == "accept":
             return Verdict(accepted=True, stage="accepted", **common, reason=(
-                f"faster: x{ab.speedup:.4f}, 95% interval [{ab.speedup_lo:.4f}, {ab.speedup_hi:.4f}] > x{needed:.3f}"))
-        interval = f"x{ab.speedup:.4f}, 95% interval [{ab.speedup_lo:.4f}, {ab.speedup_hi:.4f}]"
-        if ab.speedup_hi <= needed and not maybe_regressed:
+                f"faster: workload time ratio {interval} > x{needed:.3f}"))
+        if d.kind == "not faster":
             return Verdict(accepted=False, stage="timing", **common, reason=(
-                f"not measurably faster: speedup {interval}; the lower bound must exceed x{needed:.3f}"))
-        if self._noisy(ab) or maybe_regressed:
-            what = (f"; {', '.join(s.shape for s in maybe_regressed)} may or may not regress beyond the allowance"
-                    if maybe_regressed else "")
-            return Verdict(accepted=False, stage="undecided", **common, reason=(
-                f"{UNDECIDED}: speedup {interval} after {ab.pairs} pairs in {ab.timing_seconds:.1f} s "
-                f"({ab.stopped_because or 'stopped'}) is too wide to decide; the lower bound must exceed x{needed:.3f}{what}. "
-                + self.undecided_advice(ab, needed, maybe_regressed, allowed)))
-        return Verdict(accepted=False, stage="timing", **common, reason=(
-            f"not measurably faster: speedup {interval}; the lower bound must exceed x{needed:.3f}"))
+                f"not measurably faster: workload time ratio {interval}; the lower bound must exceed x{needed:.3f}"))
+        maybe = [by_name[n] for n in d.maybe_regressed]
+        why = {"too few passes": f"fewer than {crit.rules.min_passes} passes (or {crit.rules.min_pairs} pairs per shape) "
+                                 "decide nothing",
+               "too wide": f"the interval is wider than the noise limit (half-width {crit.rules.noisy_halfwidth} in log)",
+               "maybe regressed": ", ".join(s.shape for s in maybe) + " may or may not regress beyond the allowance",
+               }.get(d.why, "the interval straddles the threshold")
+        return Verdict(accepted=False, stage="undecided", **common, reason=(
+            f"{UNDECIDED}: workload time ratio {interval} after {ab.pairs} pairs in {ab.timing_seconds:.1f} s "
+            f"({ab.stopped_because or 'stopped'}): {why}; the lower bound must exceed x{needed:.3f}. "
+            + self.undecided_advice(ab, needed, maybe, allowed)))
 
     def undecided_advice(self, ab: ABReport, needed: float, maybe_regressed: list, allowed: dict[str, float]) -> str:
         """What would decide an undecided verdict: the interval narrows with the square root of the
@@ -505,21 +570,25 @@ class Gate:
                 f"about {math.ceil(ab.pairs * grow)} pairs instead of {ab.pairs} (the interval narrows with the square "
                 "root of the pairs)")
 
-    def _noisy(self, ab: ABReport) -> bool:
-        import math
-
-        halfwidth = (math.log(ab.speedup_hi) - math.log(ab.speedup_lo)) / 2
-        return ab.stopped_because == "time cap" or halfwidth > self.config.noisy_halfwidth
+    def escape_allowance(self, s) -> float:
+        """Seconds per call the candidate's work outside the timed region may exceed the best's by:
+        `escape_sigmas` robust standard errors of the best's own probes in this run (like for like:
+        the same cold probes, the same machine, the same minute), plus a small relative floor. So the
+        bound scales with the measured noise, not with the kernel's time: 10% hidden work is caught on
+        a 16 us kernel as on a 1 ms one wherever the probes are steadier than that."""
+        cfg = self.config
+        se = s.extra_a_se if _finite(s.extra_a_se) else math.inf
+        return max(cfg.escape_abs_floor_s, cfg.escape_rel_floor * s.time_a) + cfg.escape_sigmas * math.sqrt(2) * se
 
     def _escaped(self, s) -> bool:
-        """Like with like: both sides measured by the same cold probes; only the difference counts.
-        Work after return, measured over every timed call, has a tighter bound: an honest runner
-        sits blocked on its pipe, loaded machine or not."""
-        extra = s.extra_b - s.extra_a
-        if extra > max(self.config.escape_abs_s, self.config.escape_rel * s.time_a):
+        """Like with like: both sides measured by the same cold probes; only the difference counts,
+        against the best's measured spread. Work after return, measured over every timed call, has its
+        own bound: an honest runner sits blocked on its pipe, loaded machine or not."""
+        if s.extra_b - s.extra_a > self.escape_allowance(s):
             return True
         if _finite(s.after_return_a) and _finite(s.after_return_b):
-            return s.after_return_b - s.after_return_a > max(self.config.escape_abs_s, self.config.after_return_rel * s.time_a)
+            return s.after_return_b - s.after_return_a > max(self.config.after_return_abs_s,
+                                                             self.config.after_return_rel * s.time_a)
         return False
 
 
@@ -530,7 +599,8 @@ def _finite(x) -> bool:
 
 
 def _integrity_measured(s) -> bool:
-    return isinstance(s.probes, int) and s.probes > 0 and all(_finite(x) for x in (s.extra_a, s.extra_b, s.wall_a, s.wall_b, s.time_a, s.time_b))
+    return isinstance(s.probes, int) and s.probes > 0 and all(
+        _finite(x) for x in (s.extra_a, s.extra_b, s.extra_a_se, s.wall_a, s.wall_b, s.time_a, s.time_b))
 
 
 def _us(x) -> str:

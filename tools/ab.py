@@ -7,8 +7,10 @@ each pass every input set gets fresh values and every output is poisoned, and wi
 set is called once per side, so no call ever sees inputs it has seen before (an output cache, keyed
 by pointer or by content, has nothing to replay). After each pass a random sample of the candidate's
 outputs from that pass is checked against the reference, cold integrity probes (the same for A and
-B) look for work outside the timed region, and the statistics decide whether to go on. Sampling
-stops when the interval is tight, the decision is clear, or the time cap is hit.
+B) look for work outside the timed region, and the pass's summed call times go to the stopping
+criterion (tools/stats.PassCriterion, the same object the gate decides with), which says whether to
+go on. Sampling stops when the criterion is finished or the time cap is hit; a verdict needs
+MIN_PASSES passes whichever comes first.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from tools.bench import make_sets
 from tools.check import compare, describe_error, poison, refill
 from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
-from tools.stats import Estimate, combine, median as _median, t_quantile_975, trimmed_estimate
-from tools.timing import SET_MEMORY_CAP, Timer, calls_per_sample, tensors_bytes
+from tools.protocol import WorkerRequest
+from tools.stats import DecisionRules, PassCriterion, median as _median, robust_se_of_quartile
+from tools.timing import SET_MEMORY_CAP, Timer, calibrate, tensors_bytes
 
 # Each pass pays for fresh inputs, two cold probes and re-checks against the reference (for a big
 # attention shape the reference alone takes longer than many timed calls), so a pass holds several
@@ -45,7 +48,8 @@ class _Shape:
     def __init__(self, name, dims, weight, allowance):
         self.name, self.dims, self.weight, self.allowance = name, dims, weight, allowance
         self.sets: list = []  # [(inputs, outputs of A, outputs of B)], all in shared memory
-        self.log_ratios: list[float] = []
+        # per pass: summed call seconds of A, of B, calls per side, paired samples
+        self.pass_sums: list[tuple[float, float, int, int]] = []
         self.ta: list[float] = []
         self.tb: list[float] = []
         self.k = 1
@@ -55,17 +59,33 @@ class _Shape:
         self.probes = {"a": [], "b": []}  # (wall, extra, idle_cpu) per cold integrity probe
         self.after_return = {"a": [], "b": []}  # CPU seconds per call used after answering, per timed sample
 
-    def estimate(self) -> Estimate:
-        return trimmed_estimate(self.log_ratios)
-
     def key(self, i: int):
         return (self.name, i)
 
 
+def decision_rules(req: WorkerRequest) -> DecisionRules:
+    """The rules of one timed decision, as the request (built by the gate) states them."""
+    return DecisionRules(min_gain=req.min_gain, allowances=req.allowances, alpha=req.alpha, min_passes=MIN_PASSES,
+                         noisy_halfwidth=req.noisy_halfwidth, target_halfwidth=req.target_halfwidth,
+                         min_pairs=req.min_pairs)
+
+
+def criterion_of(report: ABReport, rules: DecisionRules) -> PassCriterion:
+    """The criterion rebuilt from a report's per-pass times (what the gate decides from)."""
+    crit = PassCriterion({s.shape: s.weight for s in report.shapes}, rules)
+    n = min((min(len(s.pass_a), len(s.pass_b)) for s in report.shapes), default=0)
+    for i in range(n):
+        crit.add_measurement({s.shape: (s.pass_a[i], s.pass_b[i], 1, 0) for s in report.shapes})
+    for s in report.shapes:
+        crit.pairs[s.shape] = s.pairs
+    return crit
+
+
 def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed: int, device: torch.device,
-                  max_seconds: float, min_pairs: int, target_halfwidth: float, min_gain: float,
-                  allowances: dict[str, float], weights: dict[str, float], arena=None) -> ABReport:
-    """`lib_a`, `lib_b`: tools.remote.RemoteLib handles on the best's and the candidate's runners."""
+                  max_seconds: float, rules: DecisionRules, weights: dict[str, float], arena=None,
+                  look: int = 1) -> ABReport:
+    """`lib_a`, `lib_b`: tools.remote.RemoteLib handles on the best's and the candidate's runners;
+    `rules`: the decision's (decision_rules of the gate's request), `look`: which timed look at this best."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     rng = random.Random(seed ^ 0x5EED)
@@ -75,15 +95,14 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
     states = []
     for name in shapes:
         dims = task.shape(name).dims
-        st = _Shape(name, dims, weights.get(name, 1.0), allowances.get(name, 0.03))
+        st = _Shape(name, dims, weights.get(name, 1.0), rules.allowances.get(name, 0.03))
         for inputs, outs_a in make_sets(spec, dims, gen, device, timer):
             _add_set(spec, st, share(inputs, inputs=True), share, lib_a, lib_b)
         warm = [st.key(i) for i in range(len(st.sets))]
         lib_a.call(warm)
         lib_b.call(warm)
-        single = min(lib_a.sample([st.key(i % len(st.sets))]) for i in range(3))
+        st.k, _ = calibrate(lambda i: lib_a.sample([st.key(i % len(st.sets))]), lib_a.min_sample_s)
         lib_a._pending = lib_b._pending = None
-        st.k = calls_per_sample(single, short_s=lib_a.min_sample_s)
         # within a pass no set may be called twice by one side: enough sets for PAIRS_PER_PASS samples
         # (at least one whole sample) in the memory cap
         per_set = tensors_bytes(st.sets[0][0]) + 2 * tensors_bytes(st.sets[0][1])
@@ -95,49 +114,39 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
 
     started = time.monotonic()
     stopped = "time cap"
-    threshold = math.log1p(min_gain)
+    crit = PassCriterion({st.name: st.weight for st in states}, rules)
     while True:
         for st in states:
             one_pass(spec, task, st, gen, rng, lib_a, lib_b, share)
-        elapsed = time.monotonic() - started
-        ests = [st.estimate() for st in states]
-        total = combine(ests, [st.weight for st in states])
-        z = t_quantile_975(min(e.effective_df() for e in ests))
-        lo, hi = total.mean - z * total.se, total.mean + z * total.se
-        enough = all(len(st.log_ratios) >= min_pairs and st.passes >= MIN_PASSES for st in states)
+        crit.add_measurement({st.name: st.pass_sums[-1] for st in states})
         if any(st.problem for st in states):
             stopped = "wrong timed outputs"
             break
-        if enough and (hi - lo) / 2 <= target_halfwidth:
-            stopped = "interval tight"
+        if crit.is_finished():
+            stopped = crit.finished_because
             break
-        if enough and hi < threshold:
-            stopped = "cannot reach min_gain"
-            break
-        # the judge needs every shape's whole interval above its allowance too: no early stop before that
-        shapes_clear = all(e.interval()[0] > math.log(max(1e-9, 1 - st.allowance)) for e, st in zip(ests, states))
-        if enough and lo > threshold + target_halfwidth and shapes_clear:
-            stopped = "clearly faster"
-            break
-        if elapsed >= max_seconds:
+        if time.monotonic() - started >= max_seconds:
             break
 
     timing_seconds = time.monotonic() - started
-    report = ABReport(pairs=sum(len(st.log_ratios) for st in states), timing_seconds=round(timing_seconds, 3),
-                      stopped_because=stopped)
-    for st, est in zip(states, ests):
-        slo, shi = est.interval()
+    total = crit.estimate()
+    report = ABReport(pairs=sum(crit.pairs.values()), timing_seconds=round(timing_seconds, 3), stopped_because=stopped,
+                      passes=crit.passes, look=look, alpha=rules.alpha)
+    for st in states:
+        est = crit.shape_estimate(st.name)
+        slo, shi = est.interval(rules.alpha)
         row = ShapeAB(
-            shape=st.name, weight=st.weight, pairs=len(st.log_ratios), log_ratio_mean=est.mean,
-            log_ratio_se=est.se if math.isfinite(est.se) else 1e9, speedup=math.exp(est.mean),
-            speedup_lo=math.exp(max(slo, -50)), speedup_hi=math.exp(min(shi, 50)),
-            time_a=_median(st.ta), time_b=_median(st.tb),
+            shape=st.name, weight=st.weight, pairs=crit.pairs[st.name], log_speedup=est.log_ratio,
+            log_speedup_se=est.se if math.isfinite(est.se) else 1e9, speedup=est.speedup, speedup_lo=slo, speedup_hi=shi,
+            time_a=est.mean_a, time_b=est.mean_b, pass_a=list(crit.a[st.name]), pass_b=list(crit.b[st.name]),
             floor_s=physics_floor(spec, st.dims, device),
         )
         # the lower quartile: delays (pipes, scheduling) only ever add to a probe, work outside the timed
         # region is in every probe of the side that does it
         row.wall_a, row.extra_a, row.idle_cpu_a = (_low_quartile([p[j] for p in st.probes["a"]]) for j in range(3))
         row.wall_b, row.extra_b, row.idle_cpu_b = (_low_quartile([p[j] for p in st.probes["b"]]) for j in range(3))
+        # the best's own spread: the escape allowance is a few of these (the candidate's spread is its own to inflate)
+        row.extra_a_se = robust_se_of_quartile([p[1] for p in st.probes["a"]])
         row.probes = min(len(st.probes["a"]), len(st.probes["b"]))
         # work after return over every timed call (not only the probes) counts as work outside the timing
         for which in ("a", "b"):
@@ -150,9 +159,8 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         row.timed_outputs_ok = st.problem is None and st.rechecked > 0
         row.timed_outputs_problem = st.problem if st.problem else (None if st.rechecked else "no timed call was re-checked")
         report.shapes.append(row)
-    report.speedup = math.exp(total.mean)
-    report.speedup_lo = math.exp(max(lo, -50))
-    report.speedup_hi = math.exp(min(hi, 50))
+    report.speedup = total.speedup
+    report.speedup_lo, report.speedup_hi = total.interval(rules.alpha)
     return report
 
 
@@ -196,8 +204,8 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
     lib_a._pending = lib_b._pending = None
     for which, lib in (("a", lib_a), ("b", lib_b)):
         st.after_return[which].extend(lib.sample_leaks[leak0[which]:])
-    for ta, tb in zip(st.ta[first:], st.tb[first:]):
-        st.log_ratios.append(math.log(ta / tb) if ta > 0 and tb > 0 and math.isfinite(ta / tb) else 0.0)
+    # the pass's whole time per side, every call counted: what the criterion and the verdict see
+    st.pass_sums.append((st.k * sum(st.ta[first:]), st.k * sum(st.tb[first:]), st.k * pairs, pairs))
     called = order[:pairs * st.k]
     st.passes += 1
     # the re-check first, on the outputs exactly as the timed calls left them: no later call (a probe)

@@ -16,7 +16,7 @@ from tools.fmt import fmt_rate, fmt_time
 from tools.task import Task
 from tools.protocol import BenchReport, ShapeBench, Timing
 from tools.spec import Spec
-from tools.timing import Timer, calls_per_sample, summarize, tensors_bytes
+from tools.timing import Timer, calibrate, summarize, tensors_bytes
 
 MIN_SAMPLES = 10
 MAX_SAMPLES = 500
@@ -40,8 +40,7 @@ def time_callable(timer: Timer, call_on_set: Callable[[int], None], n_sets: int,
     for i in range(min(n_sets, 3)):  # warm-up: module load, first-touch, clocks ramping
         call_on_set(i)
     timer.sync()
-    single = min(timer.run([lambda i=i: call_on_set(i % n_sets) for i in range(3)]))
-    k = calls_per_sample(single)
+    k, single = calibrate(lambda i: timer.run([lambda: call_on_set(i % n_sets)])[0])
     counter = iter(range(1 << 62))
 
     def sample() -> None:
@@ -108,8 +107,7 @@ def time_remote(lib, spec: Spec, name: str, dims: dict, sets, arena, max_seconds
         lib.bind(("bench", name, i), dims, inp, out)
         keys.append(("bench", name, i))
     lib.call(keys[:3])  # warm-up: first touch, clocks ramping
-    single = min(lib.sample([keys[i % len(keys)]]) for i in range(3))
-    k = calls_per_sample(single, short_s=lib.min_sample_s)
+    k, _ = calibrate(lambda i: lib.sample([keys[i % len(keys)]]), lib.min_sample_s)
     counter = iter(range(1 << 62))
     times: list[float] = []
     deadline = time.monotonic() + max_seconds

@@ -102,18 +102,24 @@ class BenchReport(BaseModel):
 
 
 class ShapeAB(BaseModel):
-    """Paired timings of best (A) and candidate (B) on one shape; ratio = tA / tB (> 1: B faster)."""
+    """Paired timings of best (A) and candidate (B) on one shape; speedup = sum tA / sum tB over the
+    passes (> 1: B faster), every timed call counted (tools/stats.py)."""
 
     shape: str
     weight: float
-    pairs: int
-    log_ratio_mean: float  # trimmed mean of log(tA/tB)
-    log_ratio_se: float
+    pairs: int  # paired samples (each of calls_per_sample calls per side)
+    log_speedup: float = 0.0  # log(sum tA / sum tB)
+    log_speedup_se: float = 1e9  # its delta-method standard error over passes
     speedup: float
-    speedup_lo: float
+    speedup_lo: float  # the interval at the report's one-sided level `ABReport.alpha` (each bound)
     speedup_hi: float
-    time_a: float  # median seconds per call
+    # mean seconds per call over every timed call of the shape, from the same pass sums as the speedup
+    # (so speedup == time_a / time_b)
+    time_a: float
     time_b: float
+    # per pass: that pass's mean seconds per call, of A and of B (the data the gate decides from)
+    pass_a: list[float] = Field(default_factory=list)
+    pass_b: list[float] = Field(default_factory=list)
     # integrity probes, taken cold (L2 flushed, same input-set rotation) for A and B alike, interleaved
     # with the timed pairs: wall = host seconds per call until the device is idle; extra = seconds per
     # call spent outside what was timed (CUDA: wall minus events; CPU: CPU time of the process beyond
@@ -126,6 +132,9 @@ class ShapeAB(BaseModel):
     idle_cpu_a: float | None = None
     idle_cpu_b: float | None = None
     probes: int = 0
+    # the standard error of extra_a's lower quartile, from the spread of the best's own probes (robust:
+    # 1.4826 MAD): the escape allowance is a few of these. None/NaN: not measured (fail closed)
+    extra_a_se: float | None = None
     # CPU seconds per timed call each runner used after answering (over every timed call, not only the
     # probes); an honest runner sits blocked on its pipe. Also included in extra_*.
     after_return_a: float | None = None
@@ -140,9 +149,14 @@ class ShapeAB(BaseModel):
 
 class ABReport(BaseModel):
     shapes: list[ShapeAB] = Field(default_factory=list)
-    speedup: float = 1.0  # weighted geometric mean over shapes
+    # the workload's speedup: sum over passes of A's workload time (weight x seconds per call, summed
+    # over shapes) over B's, with its interval (each bound at one-sided level `alpha`)
+    speedup: float = 1.0
     speedup_lo: float = 1.0
     speedup_hi: float = 1.0
+    passes: int = 0
+    look: int = 1  # which timed decision against this best (1: the first)
+    alpha: float = 0.0061  # this look's one-sided level (tools/stats.look_alpha)
     pairs: int = 0
     timing_seconds: float = 0.0
     stopped_because: str = ""
@@ -163,6 +177,9 @@ class WorkerRequest(BaseModel):
     max_seconds: float = 4.0  # bench: per shape; ab: timing for the whole decision
     min_pairs: int = 20
     target_halfwidth: float = 0.004  # ab: stop once the log-speedup interval is this tight
+    noisy_halfwidth: float = 0.05  # ab: an interval wider than this (half, in log) decides nothing
+    alpha: float = 0.0061  # ab: the one-sided level of this look (the gate's spent budget, tools/stats.look_alpha)
+    look: int = 1  # ab: which timed look at this best (recorded in the report)
     min_gain: float = 0.01
     allowances: dict[str, float] = Field(default_factory=dict)  # ab: per-shape regression allowance
     weights: dict[str, float] = Field(default_factory=dict)

@@ -132,6 +132,14 @@ class Timer:
         return int(max(1, min(want, 16, cap)))
 
 
+def calibrate(sample_one: Callable[[int], float], min_sample_s: float = SHORT_CALL_S, tries: int = 3) -> tuple[int, float]:
+    """(calls per timed sample, seconds of one call): the fastest of `tries` single-call samples
+    (`sample_one(i)`: seconds of one call on input set i). The one calibration of every timing
+    (the A/B decision, the bench of a build and of the comparators)."""
+    single = min(sample_one(i) for i in range(tries))
+    return calls_per_sample(single, short_s=min_sample_s), single
+
+
 def calls_per_sample(single_call_s: float, cap: int = 64, short_s: float = SHORT_CALL_S) -> int:
     """Calls per timed sample so one sample spans at least `short_s` (launch and pipe jitter stay small)."""
     if not math.isfinite(single_call_s) or single_call_s <= 0 or single_call_s >= short_s:

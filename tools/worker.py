@@ -143,7 +143,7 @@ def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
                 stages["timing"] = round(time.monotonic() - t2, 3)
                 return result(ok=True, bench=report)
             if req.kind in ("ab", "gate"):
-                from tools.ab import ab_in_process
+                from tools.ab import ab_in_process, decision_rules
 
                 seed = req.timing_seed if req.kind == "gate" else req.seed
                 trials = max(1, req.trials) if req.kind == "ab" else 1
@@ -156,8 +156,8 @@ def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
                         if req.trials_seconds and reports and t3 - t2 > req.trials_seconds:
                             break  # the benchmark's time budget: the trials done so far are the answer
                         reports.append(ab_in_process(task, spec, libs[0], libs[1], req.shapes, s, device,
-                                                     req.max_seconds, req.min_pairs, req.target_halfwidth,
-                                                     req.min_gain, req.allowances, req.weights, arena))
+                                                     req.max_seconds, decision_rules(req), req.weights, arena,
+                                                     look=req.look))
                         trial_seconds.append(round(time.monotonic() - t3, 3))
                 except RunnerError as exc:
                     stages["timing"] = round(time.monotonic() - t2, 3)
