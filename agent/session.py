@@ -135,6 +135,49 @@ def attempts_from_events(events: list) -> list[Attempt]:
 log = logging.getLogger(__name__)
 
 
+def judged_against(attempts: list[Attempt], base_commit: str) -> dict[int, str]:
+    """attempt number -> the best it was judged against (recorded, or for older runs: the last
+    accepted commit before it, from the base)."""
+    best_at: dict[int, str] = {}
+    best = base_commit
+    for a in attempts:
+        best_at[a.number] = a.best_commit or best
+        if a.accepted and a.commit:
+            best = a.commit
+    return best_at
+
+
+def timed_looks(events: list, best_commit: str, base_commit: str) -> int:
+    """How many timed decisions the run record holds against `best_commit`: each one spent from that
+    best's error budget (tools/stats.look_alpha), whatever process made it (the loop, `kloop submit`,
+    MCP, a resumed run). A decision is timed once its timing started (its verdict has a timing seed),
+    whatever it concluded. (A small reader of the events: RunState can take it over.)"""
+    attempts = attempts_from_events(events)
+    best_at = judged_against(attempts, base_commit)
+    return sum(1 for a in attempts if best_at[a.number] == best_commit and a.figures.get("timing_seed") is not None)
+
+
+def recorded_best_times(events: list, commit: str) -> dict[str, float]:
+    """The per-shape seconds per call `commit` had when it became the best, from the run record: the
+    accepted verdict committed as it (the candidate's times there), else the first baseline measured
+    at it (the bench medians). {} when the record has none. The gate compares the best's time in every
+    later decision with these (sabotage of the best), in whichever process decides."""
+    for a in attempts_from_events(events):
+        if a.accepted and a.commit == commit:
+            shapes = (a.figures.get("ab") or {}).get("shapes") or []
+            return {str(s["shape"]): float(s["time_b"]) for s in shapes
+                    if isinstance(s, dict) and s.get("shape") and isinstance(s.get("time_b"), (int, float))}
+    for ev in events:
+        if isinstance(ev, rec.Baseline) and ev.commit == commit:
+            shapes = ((ev.figures or {}).get("bench") or {}).get("shapes") or []
+            return {str(s["shape"]): float(s["kernel"]["median"]) for s in shapes
+                    if isinstance(s, dict) and s.get("shape") and isinstance(s.get("kernel"), dict)
+                    and isinstance(s["kernel"].get("median"), (int, float))}
+    return {}
+
+
+
+
 def _sandbox_status(required: bool) -> SandboxStatus:
     """What isolates untrusted code on this host; SessionError when it is required and missing."""
     if required:
@@ -556,12 +599,7 @@ class Session:
             return (f"this change builds to the same code as the best ({self.best_commit[:10]}): a comment or "
                     "whitespace apart, there is nothing to time (a timing could only ever accept noise), so it is "
                     "refused without timing and costs no attempt. Change the code, or revert")
-        best_at: dict[int, str] = {}
-        best = self.record.info.base_commit
-        for a in self.attempts():
-            best_at[a.number] = a.best_commit or best
-            if a.accepted and a.commit:
-                best = a.commit
+        best_at = judged_against(self.attempts(), self.record.info.base_commit)
         for a in reversed(self.attempts()):
             if a.accepted is not False or best_at[a.number] != self.best_commit:
                 continue
@@ -585,8 +623,14 @@ class Session:
         """The gate's verdict; a second Ctrl-C mid-gate (the worker already killed) records the
         attempt as interrupted and returns the tree to best before the stop goes on."""
         self.current_attempt = number
+        events = self.events()
+        # the record, not this process's memory: a `kloop submit` or MCP process sees the same best times and looks
+        if self.best_build is not None and self.best_build.lib:
+            self.gate.remember_times(self.best_build.lib, recorded_best_times(events, self.best_commit))
+        look = 1 + timed_looks(events, self.best_commit, self.record.info.base_commit)
         try:
-            return self.gate.evaluate(Candidate(self.ws.task_path, changed), self.best_build, max_seconds=gate_seconds)
+            return self.gate.evaluate(Candidate(self.ws.task_path, changed), self.best_build, max_seconds=gate_seconds,
+                                      look=look)
         except KeyboardInterrupt:
             self.log("verdict", attempt=number, accepted=False, figures={"stage": INTERRUPTED},
                      reason="interrupted: stopped by the user during evaluation (Ctrl-C twice)")

@@ -178,7 +178,7 @@ def test_standby_off_and_other_tasks_start_cold(setup, monkeypatch):
     off.standby.refill()
     assert off.standby._current is None
     v = off.evaluate(cand, best)
-    assert v.judge == "cold" and v.accepted, v.summary()
+    assert v.judge == "cold" and v.ab is not None and v.stage in ("accepted", "undecided"), v.summary()
     assert off.standby._current is None
     # a standby for another task folder is not used for this one (and is closed)
     monkeypatch.delenv("KLOOP_STANDBY")

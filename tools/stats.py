@@ -36,6 +36,7 @@ false-accept rate, and tests/test_repeat_looks.py holds it in CI.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
@@ -50,6 +51,7 @@ def look_alpha(alpha: float, look: int) -> float:
     return alpha * 6 / (math.pi ** 2 * look ** 2)
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(df: int, one_sided_alpha: float) -> float:
     """The (1 - alpha) quantile of Student's t with df degrees of freedom (inf for df < 1)."""
     if df < 1:
@@ -135,7 +137,10 @@ class PassCriterion:
         self.a: dict[str, list[float]] = {s: [] for s in weights}  # per pass: seconds per call
         self.b: dict[str, list[float]] = {s: [] for s in weights}
         self.pairs: dict[str, int] = dict.fromkeys(weights, 0)  # paired samples per shape
+        self.wa: list[float] = []  # per pass: each side's workload time
+        self.wb: list[float] = []
         self.finished_because = ""
+        self._memo: dict = {}  # estimates of the passes so far (cleared by add_measurement)
 
     def add_measurement(self, pass_times: dict[str, tuple[float, float, int, int]]) -> None:
         """One pass: shape -> (summed call seconds of A, of B, calls per side, paired samples) for every shape."""
@@ -148,6 +153,9 @@ class PassCriterion:
             self.a[s].append(sum_a / calls)
             self.b[s].append(sum_b / calls)
             self.pairs[s] += pairs
+        self.wa.append(sum(self.weights[s] * self.a[s][-1] for s in self.weights))
+        self.wb.append(sum(self.weights[s] * self.b[s][-1] for s in self.weights))
+        self._memo.clear()
 
     @property
     def passes(self) -> int:
@@ -155,16 +163,17 @@ class PassCriterion:
 
     def workload(self) -> tuple[list[float], list[float]]:
         """Per pass, each side's workload time (weight x seconds per call, summed over shapes)."""
-        n = self.passes
-        ta = [sum(self.weights[s] * self.a[s][i] for s in self.weights) for i in range(n)]
-        tb = [sum(self.weights[s] * self.b[s][i] for s in self.weights) for i in range(n)]
-        return ta, tb
+        return self.wa, self.wb
 
     def estimate(self) -> RatioEstimate:
-        return ratio_of_sums(*self.workload())
+        if None not in self._memo:
+            self._memo[None] = ratio_of_sums(*self.workload())
+        return self._memo[None]
 
     def shape_estimate(self, shape: str) -> RatioEstimate:
-        return ratio_of_sums(self.a[shape], self.b[shape])
+        if shape not in self._memo:
+            self._memo[shape] = ratio_of_sums(self.a[shape], self.b[shape])
+        return self._memo[shape]
 
     def _floor(self, shape: str) -> float:
         return 1 - self.rules.allowances.get(shape, 0.05)
