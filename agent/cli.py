@@ -756,7 +756,8 @@ def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix
               no_timing: bool = typer.Option(False, "--no-timing", help="Scope, static rules, build, audit and check only (no paired timing)."),
               seconds: Optional[float] = typer.Option(None, help="Timing seconds per commit (default: the run's gate setting).", callback=_at_least(0, True)),
               as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Today's gate over every accepted commit of a run: which would now be rejected, and why (exit 1 if any)."""
+    """Today's gate over every accepted commit of a run: which would now be rejected, and why, and whose gain
+    does not hold with today's estimate (exit 1 if any)."""
     from agent.reaudit import LAYERS, AuditInputError, audit, target_from_branch, target_from_run
     from agent.workspace import WorkspaceError, find_repo
 
@@ -784,7 +785,7 @@ def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix
         fail(str(exc), code=EXIT_FAILURE)
     if as_json:
         emit_json(report.model_dump(mode="json") | {"rejected": len(report.rejected), "total": len(report.rows),
-                                                    "summary": report.summary()})
+                                                    "gain_not_held": len(report.gain_not_held), "summary": report.summary()})
     else:
         table = Table(title=escape(f"audit of {report.branch} (base {report.base[:10]}, {report.task_rel}; from the {report.source})"),
                       title_justify="left")
@@ -806,8 +807,9 @@ def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix
         if report.not_run:
             console.print(f"[yellow]{report.not_run}[/]", highlight=False)
         console.print(f"audited on: {report.machine or 'n/a'}", highlight=False)
-        console.print(("[red]" if report.rejected else "[green]") + report.summary() + "[/]", highlight=False)
-    if report.rejected:
+        console.print(("[red]" if report.rejected or report.gain_not_held else "[green]") + report.summary() + "[/]",
+                      highlight=False)
+    if report.rejected or report.gain_not_held:
         raise typer.Exit(EXIT_FAILURE)
 
 

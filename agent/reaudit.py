@@ -5,8 +5,13 @@ parent as the best, by the gate as it is now: scope of the commit's diff, static
 of what was built, check on fresh secret seeds (the task's adversarial check shapes included), and,
 unless `--no-timing`, paired timing with its integrity layers (timed-output re-checks, physics floor,
 escape/cold probes, the best against its recorded time). A commit that fails any of these would now
-be rejected. The gain is measured and shown, never counted: a commit that is not faster here is
-"gain not reproduced", not a cheat (the machine may differ from the one that accepted it).
+be rejected. The gain is re-judged with today's estimate (the workload's time ratio, tools/stats.py)
+and counted apart: a commit whose gain does not hold here is one whose whole interval (at the gate's
+first-look level, so an honest commit is flagged by noise at most that often) lies at or below
+1 + min_gain, or whose shape regressed beyond its allowance: a statistics hole found later (a kernel
+that moved work between calls, say) shows up in old runs too. A gain that is merely not reproduced
+(an interval that straddles the threshold, or "undecided") is shown, never counted: the machine may
+differ from the one that accepted it.
 
 The run record, when there is one, gives the repository, the base commit, the task folder and the
 gate's settings; a branch without its record is read from its commits' trailers (the oldest commit
@@ -53,6 +58,7 @@ class AuditRow(BaseModel):
     reason: str = ""  # why it would be rejected ('' when it would not)
     gain: str = "not timed"  # the speedup measured here, as text
     gain_reproduced: bool | None = None  # accepted by today's gate here; False: not faster; None: not timed/undecided
+    gain_holds: bool | None = None  # False: the gain does not hold here (counted; see the module docstring)
     speedup: float | None = None
     speedup_lo: float | None = None
     speedup_hi: float | None = None
@@ -77,9 +83,16 @@ class AuditReport(BaseModel):
     def rejected(self) -> list[AuditRow]:
         return [r for r in self.rows if r.rejected]
 
+    @property
+    def gain_not_held(self) -> list[AuditRow]:
+        return [r for r in self.rows if r.gain_holds is False]
+
     def summary(self) -> str:
         said = f"{len(self.rejected)} of {len(self.rows)} accepted commits would now be rejected"
-        return said + (" by the layers run here" if self.not_run else "")
+        said += " by the layers run here" if self.not_run else ""
+        if self.upto == "timing":
+            said += f"; {len(self.gain_not_held)} whose gain does not hold here"
+        return said
 
 
 @dataclass
@@ -289,13 +302,22 @@ def _classify(row: AuditRow, v: Verdict, gate, upto: str) -> None:
 
 
 def _gain(row: AuditRow, v: Verdict) -> None:
+    """The gain as today's estimate sees it: holds (accepted), does not hold (counted: the whole
+    interval at or below 1 + min_gain, or a regression), or not reproduced / undecided (shown only)."""
     row.speedup, row.speedup_lo, row.speedup_hi = v.speedup, v.speedup_lo, v.speedup_hi
     measured = f"x{_n(v.speedup)} [{_n(v.speedup_lo)}, {_n(v.speedup_hi)}]"
     recorded = f"; recorded x{row.recorded_speedup:.3f}" if row.recorded_speedup else ""
+    needed = 1 + (v.min_gain or 0.0)
+    below = isinstance(v.speedup_hi, (int, float)) and v.speedup_hi <= needed
     if v.accepted:
-        row.gain, row.gain_reproduced = measured + recorded, True
+        row.gain, row.gain_reproduced, row.gain_holds = measured + recorded, True, True
     elif v.stage == "undecided":
         row.gain, row.gain_reproduced = f"undecided (noisy machine): {measured}{recorded}", None
+    elif v.reason.startswith("regression beyond"):
+        row.gain, row.gain_reproduced, row.gain_holds = f"gain does not hold: a regression ({measured}){recorded}", False, False
+    elif below:
+        row.gain, row.gain_reproduced, row.gain_holds = (
+            f"gain does not hold: the whole interval at or below x{needed:.3f} ({measured}){recorded}", False, False)
     else:
         row.gain, row.gain_reproduced = f"gain not reproduced ({measured}){recorded}", False
 

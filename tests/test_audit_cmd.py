@@ -251,24 +251,32 @@ def test_a_cuda_task_without_a_gpu_is_audited_as_far_as_it_can_run(tmp_path):
     assert res.exit_code == 1
 
 
-def _ab(speedup, lo, hi, **shape):
+def _ab(speedup, noise=0.002, **shape):
+    """A synthetic report: 12 passes at `speedup`, each off by `noise` (seeded); the gate estimates from them."""
+    import random
+
     from tools.protocol import ABReport, ShapeAB
 
-    s = dict(shape="sq192", weight=1.0, pairs=100, log_ratio_mean=0.0, log_ratio_se=0.001, speedup=speedup, speedup_lo=lo,
-             speedup_hi=hi, time_a=1e-3, time_b=1e-3 / speedup, wall_a=1.02e-3, wall_b=1.02e-3 / speedup, extra_a=0.0,
-             extra_b=0.0, idle_cpu_a=0.0, idle_cpu_b=0.0, probes=10) | shape
-    return ABReport(shapes=[ShapeAB(**s)], speedup=speedup, speedup_lo=lo, speedup_hi=hi, pairs=100, timing_seconds=1.0)
+    rng = random.Random(f"{speedup}/{noise}")
+    pass_a = [1e-3 * (1 + noise * rng.gauss(0, 1)) for _ in range(12)]
+    pass_b = [1e-3 / speedup * (1 + noise * rng.gauss(0, 1)) for _ in range(12)]
+    s = dict(shape="sq192", weight=1.0, pairs=100, speedup=speedup, speedup_lo=speedup, speedup_hi=speedup,
+             time_a=1e-3, time_b=1e-3 / speedup, pass_a=pass_a, pass_b=pass_b, wall_a=1.02e-3, wall_b=1.02e-3 / speedup,
+             extra_a=0.0, extra_b=0.0, extra_a_se=0.2e-6, idle_cpu_a=0.0, idle_cpu_b=0.0, probes=10) | shape
+    return ABReport(shapes=[ShapeAB(**s)], passes=12, pairs=100, timing_seconds=1.0)
 
 
-@pytest.mark.parametrize("ab, rejected, words", [
-    (_ab(1.5, 1.4, 1.6), False, "x1.500 [1.400, 1.600]"),  # reproduced
-    (_ab(1.0, 0.99, 1.01), False, "gain not reproduced (x1.000"),  # not faster here: shown, not counted
-    (_ab(1.2, 0.7, 2.0), False, "undecided"),  # noise decides nothing
-    (_ab(10.0, 9.5, 10.5, extra_b=0.9e-3), True, "outside the timed region"),  # escaped work: a cheat
-    (_ab(2.0, 1.9, 2.1, timed_outputs_ok=False, timed_outputs_problem="7 wrong"), True, "outputs of timed calls"),
-    (_ab(2.0, 1.9, 2.1, probes=0), True, "integrity probes missing"),
+@pytest.mark.parametrize("ab, rejected, holds, words", [
+    (_ab(1.5), False, True, "x1.50"),  # reproduced
+    (_ab(1.0), False, False, "gain does not hold: the whole interval at or below x1.010"),  # counted apart
+    (_ab(0.8), False, False, "gain does not hold: a regression"),
+    (_ab(1.0105, noise=0.001), False, None, "gain not reproduced (x1.01"),  # straddles min_gain: shown, not counted
+    (_ab(1.2, noise=0.2), False, None, "undecided"),  # noise decides nothing
+    (_ab(10.0, extra_b=0.9e-3), True, None, "outside the timed region"),  # escaped work: a cheat
+    (_ab(2.0, timed_outputs_ok=False, timed_outputs_problem="7 wrong"), True, None, "outputs of timed calls"),
+    (_ab(2.0, probes=0), True, None, "integrity probes missing"),
 ])
-def test_the_gain_is_shown_and_only_the_integrity_layers_count(ab, rejected, words):
+def test_the_gain_is_rejudged_and_only_a_gain_that_does_not_hold_counts(ab, rejected, holds, words):
     """Timing verdicts sorted the audit's way (deterministic: synthetic reports through today's Gate.judge)."""
     from agent.gate import Gate
     from agent.reaudit import AuditRow, _classify
@@ -278,6 +286,7 @@ def test_the_gain_is_shown_and_only_the_integrity_layers_count(ab, rejected, wor
     row = AuditRow(commit="0" * 40, title="t", recorded_speedup=1.5)
     _classify(row, gate.judge(ab), gate, "timing")
     assert row.rejected == rejected
+    assert row.gain_holds == holds, row
     assert words in (row.reason if rejected else row.gain), row
     assert row.stages["check"] == "ok" and row.stages["timing"] == ("FAIL" if rejected else "ok")
     if not rejected:

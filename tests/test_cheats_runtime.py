@@ -251,3 +251,83 @@ def test_a_runner_reaches_neither_the_judge_nor_the_other_runner(gate, honest, t
     assert code // 10000 == 0, f"a runner opened the judge's memory for writing ({code})"
     assert code // 100 % 10 == 0, f"a runner opened the other runner's memory for writing ({code})"
     assert code // 10 % 10 == 0, f"a runner may signal the other runner ({code})"
+
+
+# A harness with the gate's pass structure, in process: per pass every input set gets fresh values in
+# place (outputs poisoned), then each set is called once by the honest best and once by the cheat, in
+# random order within each pair, each call timed and its output compared when it returns. The per-call
+# pairs go to the statistic of commit 7546d11 (tests/stats_7546d11.py: 20% trimmed mean of per-pair log
+# ratios) and to today's (tools/stats.ratio_of_sums over the passes' summed times).
+NAIVE_PASSES = r"""
+import ctypes, json, random, sys, time, torch
+cheat, honest, n, sets, passes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+torch.manual_seed(0); torch.set_num_threads(1); rng = random.Random(0)
+def load(p):
+    lib = ctypes.CDLL(p); lib.kloop_matmul.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3; return lib
+def call(lib, a, b, c):
+    t = time.perf_counter(); lib.kloop_matmul(a.data_ptr(), b.data_ptr(), c.data_ptr(), n, n, n); return time.perf_counter() - t
+h, x = load(honest), load(cheat)
+S = [tuple(torch.empty(n, n) for _ in range(4)) for _ in range(sets)]  # a, b, c of the best, c of the cheat
+pairs, wrong = [], 0
+for p in range(passes + 1):  # pass 0 is the warm-up: both libraries see every set once
+    for a, b, ca, cb in S:
+        a.normal_(); b.normal_(); ca.fill_(float('nan')); cb.fill_(float('nan'))
+    this = []
+    for i in rng.sample(range(sets), sets):
+        a, b, ca, cb = S[i]
+        if rng.random() < 0.5:
+            tb = call(x, a, b, cb); ta = call(h, a, b, ca)
+        else:
+            ta = call(h, a, b, ca); tb = call(x, a, b, cb)
+        wrong += not torch.allclose(cb, ca, rtol=1e-4, atol=1e-4)
+        this.append((ta, tb))
+    if p:
+        pairs.append(this)
+print(json.dumps({"pairs": pairs, "wrong": wrong}))
+"""
+
+
+def naive_passes(cheat_lib: str, honest_lib: str, n: int = 192, sets: int = 8, passes: int = 8) -> dict:
+    import math
+
+    from tests import stats_7546d11 as old
+    from tools.stats import ratio_of_sums
+
+    proc = subprocess.run([sys.executable, "-c", NAIVE_PASSES, cheat_lib, honest_lib, str(n), str(sets), str(passes)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    flat = [pair for p in got["pairs"] for pair in p]
+    before = old.trimmed_estimate([math.log(ta / tb) for ta, tb in flat])
+    lo, hi = before.interval()
+    now = ratio_of_sums([sum(ta for ta, _ in p) for p in got["pairs"]], [sum(tb for _, tb in p) for p in got["pairs"]])
+    median = sorted(ta for ta, _ in flat)[len(flat) // 2] / sorted(tb for _, tb in flat)[len(flat) // 2]
+    return {"wrong": got["wrong"], "naive_median_speedup": median, "old_speedup": math.exp(before.mean),
+            "old_lo": math.exp(lo), "old_hi": math.exp(hi), "throughput_speedup": now.speedup}
+
+
+@pytest.mark.parametrize("cheat, most", [
+    # its own output and a whole other set's per computing call: total work unchanged
+    ("rt_work_ahead", 1.25),
+    # one call per pass computes the whole pass with a cache-hostile loop, the others are free
+    ("rt_sacrifice", 0.9),
+])
+def test_work_spread_over_calls_fools_the_old_statistic_and_not_the_gate(cheat, most, gate, honest, tmp_path):
+    """Statistical cheats: every output right, no call faster for a user. A naive harness (same
+    buffers, best of the last calls) and the trimmed mean of per-pair log ratios (the gate's statistic
+    before the workload ratio, commit 7546d11) both read a gain; the gate's ratio of the passes'
+    summed times reads none, and the gate does not accept."""
+    built = build(gate.task, src_root=task_copy(tmp_path, cheat))
+    assert built.ok, built.error_text()
+    assert faster(naive(built.lib, honest.lib)), f"{cheat} does not fool the naive harness"
+    r = naive_passes(built.lib, honest.lib)
+    assert r["wrong"] == 0, r  # every output right when its call returns
+    assert r["old_lo"] > 1.01, f"the 7546d11 statistic would not have accepted {cheat}: {r}"
+    assert r["throughput_speedup"] < most, r
+    v = gate.judge_built(built, honest)
+    assert not v.accepted, v.summary()
+    assert v.stage in ("timing", "undecided"), v.summary()
+    if v.ab is not None and v.ab.passes >= 2:  # the verdict's own estimate says no faster
+        assert v.ab.speedup < most, v.summary()
+    if cheat == "rt_sacrifice" and v.stage == "timing":
+        assert "regression beyond the allowance" in v.reason, v.summary()
