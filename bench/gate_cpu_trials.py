@@ -1,6 +1,6 @@
 """The gate's A/A and known-gain trials on the CPU task, through the real evaluation path.
 
-    python bench/gate_cpu_trials.py [--aa 2] [--gain 2] [--max-seconds 3] [--json OUT.json]
+    python bench/gate_cpu_trials.py [--aa 2] [--gain 2] [--max-seconds 4] [--json OUT.json]
 
 Each trial is one `Gate.decide` (fresh worker processes, paired A/B timing, `Gate.judge`), exactly what
 `submit` runs after the check:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--aa", type=int, default=2, help="A/A trials")
     ap.add_argument("--gain", type=int, default=2, help="x2 trials")
-    ap.add_argument("--max-seconds", type=float, default=3.0, help="timing cap per decision")
+    ap.add_argument("--max-seconds", type=float, default=4.0, help="timing cap per decision (MIN_PASSES must fit in it)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 

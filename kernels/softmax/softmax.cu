@@ -208,10 +208,12 @@ softmax_rows(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ y,
     for (int64_t i = s.head + s.packs * VEC + threadIdx.x; i < n; i += THREADS) y_row[i] = normalise(x_row[i], row_max, inv_sum);
 }
 
-#ifdef KLOOP_TEST_DELAY_NS
-// TEST HOOK ONLY, not part of the softmax: the gate's own benchmark builds this file with
+#if defined(KLOOP_TEST_DELAY_NS) || defined(KLOOP_TEST_HIDDEN_NS)
+// TEST HOOK ONLY, not part of the softmax: the gate's own benchmarks build this file with
 // -DKLOOP_TEST_DELAY_NS=<ns> to get a variant that is slower by a known amount (one thread spinning
-// on %globaltimer after the softmax kernel, on the same stream). No task build defines it.
+// on %globaltimer after the softmax kernel, on the same stream), or with -DKLOOP_TEST_HIDDEN_NS=<ns>
+// for the same spin on a second stream: work outside the timed region of a known size
+// (bench/hidden_work.py). No task build defines either (the audit would refuse the stream).
 __global__ void kloop_test_delay(unsigned long long ns) {
     unsigned long long start, now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -230,6 +232,11 @@ extern "C" int kloop_softmax(const __nv_bfloat16* x, __nv_bfloat16* y, int rows,
     softmax_rows<<<dim3(static_cast<unsigned>(rows)), dim3(THREADS), 0, stream>>>(x, y, cols);
 #ifdef KLOOP_TEST_DELAY_NS
     kloop_test_delay<<<1, 1, 0, stream>>>(static_cast<unsigned long long>(KLOOP_TEST_DELAY_NS));
+#endif
+#ifdef KLOOP_TEST_HIDDEN_NS
+    static cudaStream_t side = nullptr;
+    if (side == nullptr) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    kloop_test_delay<<<1, 1, 0, side>>>(static_cast<unsigned long long>(KLOOP_TEST_HIDDEN_NS));
 #endif
     return static_cast<int>(cudaGetLastError());
 }

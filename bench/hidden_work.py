@@ -1,0 +1,104 @@
+"""How much hidden work does the gate catch? Work on a second stream, outside the timed region, of a known size.
+
+    python bench/hidden_work.py [--task kernels/softmax] [--shapes 128x4096,65536x4096] \
+        [--fractions 0.05,0.1,0.2] [--trials 10] [--max-seconds 2] [--json OUT.json]
+
+Per shape: best = the softmax as it is; candidates = the same softmax plus a spin of f x (the best's
+measured time) on a second, non-blocking stream (the task's KLOOP_TEST_HIDDEN_NS hook: a test-only
+build the audit would refuse), so the timed stream is unchanged and the hidden work is exactly f of a
+call. Each case runs `--trials` decisions through the gate's real judge (as bench/gate_bench.py: one
+sandboxed judge per case, `Gate.judge` on each trial) and counts how many say "work outside the timed
+region". A/A (f = 0) must never say so. Prints per shape and fraction: the caught rate, the best's
+time, the hidden work per call, and the allowance the gate applied (Gate.escape_allowance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from agent.gate import Gate, GateConfig  # noqa: E402
+from gate_bench import built_lib  # noqa: E402
+from tools.bench import make_sets, time_remote  # noqa: E402
+from tools.device import describe  # noqa: E402
+from tools.remote import LibSession  # noqa: E402
+from tools.runner import StandbySlot, run_worker  # noqa: E402
+from tools.spec import load_spec  # noqa: E402
+import secrets  # noqa: E402
+
+
+def decisions(gate: Gate, slot: StandbySlot, shape: str, best: str, cand: str, n: int) -> list:
+    task = gate.task
+    req = gate.ab_request(best, cand, secrets.randbits(62)).model_copy(update={
+        "shapes": [shape], "allowances": {shape: task.allowance(task.shape(shape))}, "weights": {shape: 1.0},
+        "trials": n})
+    res = run_worker(req, timeout=n * (4 * gate.config.max_seconds + 15) + 180, standby=slot.take())
+    slot.refill()
+    if not res.ok:
+        raise SystemExit(f"{shape}: the judge failed: {res.error}")
+    return [(gate.judge(ab), ab) for ab in (res.trials or [res.ab])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task", default=str(Path(__file__).resolve().parents[1] / "kernels" / "softmax"))
+    ap.add_argument("--shapes", default="128x4096,65536x4096")
+    ap.add_argument("--fractions", default="0,0.05,0.1,0.2")
+    ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--max-seconds", type=float, default=2.0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    started = time.monotonic()
+    gate = Gate(Path(args.task), task_rel=Path(args.task).name, config=GateConfig(max_seconds=args.max_seconds))
+    task = gate.task
+    device = torch.device("cuda" if task.target == "cuda" else "cpu")
+    spec = load_spec(task.spec_path)
+    info = describe(device)
+    best = built_lib(task, ["-DKLOOP_AA_COPY=1"])
+    slot = StandbySlot(gate.trusted_dir)
+    slot.refill()
+    rows = []
+    try:
+        for shape in [s for s in args.shapes.split(",") if s]:
+            dims = task.shape(shape).dims
+            gen = torch.Generator(device=device)
+            gen.manual_seed(1)
+            with LibSession(task, [best]) as one:  # a calibration, not a decision
+                sets = make_sets(spec, dims, gen, device, one.timer)
+                t = time_remote(one.libs[0], spec, shape, dims, sets, one.arena, 1.0, None, None).median
+                del sets
+            for f in (float(x) for x in args.fractions.split(",") if x):
+                ns = int(round(f * t * 1e9))
+                cand = built_lib(task, [f"-DKLOOP_TEST_HIDDEN_NS={ns}"] if ns else ["-DKLOOP_AA_COPY=2"])
+                verdicts = decisions(gate, slot, shape, best, cand, args.trials)
+                caught = sum("outside the timed region" in v.reason for v, _ in verdicts)
+                allow = [gate.escape_allowance(v.ab.shapes[0]) for v, _ in verdicts if v.ab and v.ab.shapes]
+                row = {"shape": shape, "best_s": t, "fraction": f, "hidden_ns": ns, "trials": len(verdicts),
+                       "caught": caught, "accepted": sum(v.accepted for v, _ in verdicts),
+                       "allowance_s_median": sorted(allow)[len(allow) // 2] if allow else None,
+                       "extra_diff_s": [v.ab.shapes[0].extra_b - v.ab.shapes[0].extra_a for v, _ in verdicts if v.ab],
+                       "reasons": [v.reason[:200] for v, _ in verdicts]}
+                rows.append(row)
+                print(f"{shape}: best {t * 1e6:.1f} us, hidden {ns / 1e3:.1f} us ({f:.0%}): caught {caught}/{len(verdicts)}, "
+                      f"accepted {row['accepted']}, allowance ~{(row['allowance_s_median'] or 0) * 1e6:.2f} us", flush=True)
+                if args.json:
+                    args.json.write_text(json.dumps({"device": info.model_dump(mode="json"), "rows": rows}, indent=1))
+    finally:
+        slot.close()
+    print(f"on {info.label()}; {time.monotonic() - started:.0f} s")
+    aa_flagged = sum(r["caught"] for r in rows if r["fraction"] == 0)
+    ten = [r for r in rows if abs(r["fraction"] - 0.1) < 1e-9]
+    return 0 if aa_flagged == 0 and all(r["caught"] == r["trials"] for r in ten) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
