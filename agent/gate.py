@@ -452,15 +452,19 @@ class Gate:
         crit = criterion_of(ab, self.rules(max(1, ab.look), allowances))
         ab = ab.model_copy(deep=True)
         alpha = crit.rules.alpha
+        ab.passes, ab.alpha = crit.passes, alpha
+        if not crit.passes:  # nothing to estimate from: no figure at all (the report's own are not believed)
+            ab.speedup = ab.speedup_lo = ab.speedup_hi = math.nan
+            for s in ab.shapes:
+                s.speedup = s.speedup_lo = s.speedup_hi = math.nan
+            return ab, crit
         total = crit.estimate()
         ab.speedup, (ab.speedup_lo, ab.speedup_hi) = total.speedup, total.interval(alpha)
-        ab.passes, ab.alpha = crit.passes, alpha
         for s in ab.shapes:
             e = crit.shape_estimate(s.shape)
             s.speedup, (s.speedup_lo, s.speedup_hi) = e.speedup, e.interval(alpha)
             s.log_speedup, s.log_speedup_se = e.log_ratio, (e.se if math.isfinite(e.se) else 1e9)
-            if crit.passes:
-                s.time_a, s.time_b = e.mean_a, e.mean_b
+            s.time_a, s.time_b = e.mean_a, e.mean_b
         return ab, crit
 
     def integrity_problem(self, ab: ABReport) -> tuple[Stage, str] | None:

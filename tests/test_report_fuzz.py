@@ -262,9 +262,10 @@ def test_eval_tables_print_any_report(checks, bench, check_error, bench_error, p
 # ---- the gate fails closed on figures it needs ----------------------------------------------------------
 
 def _shape(name="sq192", **kw):
-    base = dict(shape=name, weight=1.0, pairs=100, log_ratio_mean=0.7, log_ratio_se=0.001, speedup=2.0, speedup_lo=1.9,
-                speedup_hi=2.1, time_a=1e-3, time_b=0.5e-3, wall_a=1.02e-3, wall_b=0.52e-3, extra_a=0.0, extra_b=0.0,
-                idle_cpu_a=0.0, idle_cpu_b=0.0, probes=10)
+    base = dict(shape=name, weight=1.0, pairs=100, speedup=2.0, speedup_lo=1.9, speedup_hi=2.1, time_a=1e-3,
+                time_b=0.5e-3, pass_a=[1e-3, 1.01e-3, 0.99e-3, 1e-3, 1.02e-3, 0.98e-3],
+                pass_b=[0.5e-3, 0.49e-3, 0.51e-3, 0.5e-3, 0.5e-3, 0.505e-3], wall_a=1.02e-3, wall_b=0.52e-3,
+                extra_a=0.0, extra_b=0.0, extra_a_se=0.2e-6, idle_cpu_a=0.0, idle_cpu_b=0.0, probes=10)
     return ShapeAB(**(base | kw))
 
 
@@ -274,13 +275,12 @@ def test_a_clean_report_is_accepted():  # the reference point for the cases belo
 
 @pytest.mark.parametrize("shape, top, words", [
     (_shape("[/] näme"), {}, "does not time"),  # a shape the task does not have: no allowance applies
-    (_shape(time_b=0.0), {}, "integrity probes missing"),
-    (_shape(time_b=-1e-3, time_a=-2e-3), {}, "integrity probes missing"),
+    (_shape(pass_b=[0.5e-3] * 5 + [0.0]), {}, "integrity probes missing"),  # a pass time not positive: no time at all
+    (_shape(pass_b=[-1e-3] * 6, pass_a=[-2e-3] * 6), {}, "integrity probes missing"),
+    (_shape(pass_b=[0.5e-3] * 5 + [math.nan]), {}, "integrity probes missing"),
     (_shape(probes=-1), {}, "integrity probes missing"),
-    (_shape(speedup_lo=-1.0), {}, "not finite and positive"),
-    (_shape(), {"speedup_lo": 0.0}, "not finite and positive"),
-    (_shape(), {"speedup_hi": math.inf}, "not finite and positive"),
-    (_shape(), {"speedup": math.nan}, "not finite and positive"),
+    (_shape(extra_a_se=math.nan), {}, "integrity probes missing"),
+    (_shape(pass_a=[], pass_b=[]), {}, "fewer than"),  # no passes: no estimate, whatever the report says
 ])
 def test_missing_or_impossible_figures_are_rejected_never_a_crash(shape, top, words):
     ab = ABReport(shapes=[shape], **({"speedup": 2.0, "speedup_lo": 1.9, "speedup_hi": 2.1, "pairs": 100} | top))
