@@ -391,8 +391,8 @@ class Gate:
         for s in res.ab.shapes:
             s.baseline_a = recorded.get(s.shape)
         verdict = self.judge(res.ab, **common)
-        if verdict.accepted:  # the new best's own times: later decisions check the best against them
-            self._recorded_times[built.lib] = {s.shape: s.time_b for s in res.ab.shapes}
+        if verdict.accepted:  # the new best's own times (the estimate's): later decisions check the best against them
+            self._recorded_times[built.lib] = {s.shape: s.time_b for s in verdict.ab.shapes}
         return verdict
 
     def remember_times(self, lib: str, times: dict[str, float]) -> None:
