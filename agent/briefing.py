@@ -104,7 +104,7 @@ def briefing_fields(session) -> dict[str, str]:
         "check_shapes": ", ".join(f"{s.name} {s.dims}" for s in task.check_shapes),
         "tolerance": tol_text,
         "forbidden": "\n".join(forbidden) or "none",
-        "min_gain": f"{100 * m.min_gain:g}% (lower 95% bound of the speedup > {1 + m.min_gain:g})",
+        "min_gain": f"{100 * m.min_gain:g}% (lower bound of the workload speedup > {1 + m.min_gain:g})",
         "max_regression": f"{100 * m.max_regression:g}% on every bench shape unless the shape says otherwise",
         "budget": _budget_text(session.budget),
     }

@@ -54,7 +54,7 @@ DEFAULT_FORBIDDEN = SOURCE_RULES
 class GateConfig(BaseModel):
     max_seconds: float = 4.0  # timing seconds for one decision
     min_pairs: int = 20
-    target_halfwidth: float = 0.004  # stop sampling when the log-speedup 95% interval is this tight
+    target_halfwidth: float = 0.004  # stop sampling when the log-speedup interval (at the look's level) is this tight
     check_rounds: int = 2
     # the false-accept rate per best: every timed decision against one best spends from this one
     # budget (the i-th at one-sided level alpha * 6 / (pi^2 i^2), tools/stats.py), so re-submits

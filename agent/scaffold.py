@@ -16,7 +16,7 @@ target = "{target}"
 sources = ["{source}"]
 editable = ["{source}", "*.h", "*.cuh"]
 flags = ["-O3", "-std=c++17"]
-min_gain = 0.01        # a change must be at least 1% faster (lower 95% bound) to land
+min_gain = 0.01        # a change must be at least 1% faster (the lower bound of the workload speedup) to land
 max_regression = 0.03  # no bench shape may get more than 3% slower
 timeout_s = 120
 

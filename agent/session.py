@@ -589,7 +589,8 @@ class Session:
         """Why this change must not be timed again (None: it may be judged): an earlier attempt against
         the same best, with the identical patch or building to the identical code (`digest`: a comment
         or whitespace apart), was rejected as not faster or as a regression. Timing it again until one
-        run passes is optional stopping: the gate's 95% bound would no longer mean what it says. After
+        run passes is optional stopping (every timed look spends from the best's error budget, and this one
+        would only buy noise). After
         'undecided' a re-submit (with a longer gate) is allowed. A change that builds to the best's own
         code is refused too: timing it could only ever accept noise."""
         if not patch.strip():
@@ -614,7 +615,7 @@ class Session:
                 change = "this exact change" if not same_code else "a change that builds to this same code"
                 return (f"attempt {a.number} ({a.title!r}) already submitted {change} against this same best "
                         f"({self.best_commit[:10]}) and the gate found it {what}: {a.reason[:300]}. Timing the "
-                        "identical change again until one run passes would be optional stopping (the 95% bound "
+                        "identical change again until one run passes would be optional stopping (the gate's bound "
                         "would no longer hold), so it is refused without timing and costs no attempt. Change the "
                         "code, or revert")
         return None

@@ -28,7 +28,7 @@ FIELDS = dict(
     check_shapes="1x1, 3x7, 33x6, ... and every bench shape",
     tolerance="|y-ref| <= 1e-12 + 2e-2*|ref|; ||y-ref||/||ref|| <= 1e-2",
     forbidden="- `cudaMalloc`: no hidden allocations",
-    min_gain="1% (lower 95% bound of the speedup > 1.01)",
+    min_gain="1% (lower bound of the workload speedup > 1.01)",
     max_regression="3% on every bench shape",
     budget="200 turns, 30 attempts, 4 hours",
 )
@@ -57,7 +57,7 @@ def test_unknown_or_bad_prompt_name():
 
 def test_system_prompt_says_the_rules():
     text = load_prompt("system")
-    for phrase in ("submit(title, rationale)", "NaN", "lower 95% confidence bound", "editable", "notes", "revert"):
+    for phrase in ("submit(title, rationale)", "NaN", "lower confidence bound", "editable", "notes", "revert"):
         assert phrase in text, phrase
 
 
