@@ -544,10 +544,17 @@ class Gate:
                "too wide": f"the interval is wider than the noise limit (half-width {crit.rules.noisy_halfwidth} in log)",
                "maybe regressed": ", ".join(s.shape for s in maybe) + " may or may not regress beyond the allowance",
                }.get(d.why, "the interval straddles the threshold")
+        if d.why == "too few passes":  # time for the passes first; the interval says nothing yet
+            spent = ab.timing_seconds if _finite(ab.timing_seconds) and ab.timing_seconds > 0 else self.config.max_seconds
+            want = math.ceil(spent * crit.rules.min_passes / max(1, ab.passes) * 1.2)
+            seconds = min(MAX_GATE_SECONDS, max(want, math.floor(spent) + 1))
+            advice = (f"To decide: re-submit the same change with --gate-seconds {seconds} (MCP: gate_seconds={seconds}): "
+                      f"{ab.passes} passes took {spent:.1f} s here")
+        else:
+            advice = self.undecided_advice(ab, needed, maybe, allowed)
         return Verdict(accepted=False, stage="undecided", **common, reason=(
             f"{UNDECIDED}: workload time ratio {interval} after {ab.pairs} pairs in {ab.timing_seconds:.1f} s "
-            f"({ab.stopped_because or 'stopped'}): {why}; the lower bound must exceed x{needed:.3f}. "
-            + self.undecided_advice(ab, needed, maybe, allowed)))
+            f"({ab.stopped_because or 'stopped'}): {why}; the lower bound must exceed x{needed:.3f}. " + advice))
 
     def undecided_advice(self, ab: ABReport, needed: float, maybe_regressed: list, allowed: dict[str, float]) -> str:
         """What would decide an undecided verdict: the interval narrows with the square root of the
