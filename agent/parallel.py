@@ -39,6 +39,8 @@ class JudgeJob:
     number: int  # the attempt number
     files: dict[str, bytes]  # the candidate's task folder (relative path -> bytes)
     changed: list[str]  # paths changed against the best (repository-relative, as the gate's scope reads them)
+    look: int = 1  # which timed look at this best this decision is (the session counts them in the record)
+    best_times: dict[str, float] = field(default_factory=dict)  # the best's recorded times (the sabotage check)
 
 
 @dataclass
@@ -91,8 +93,11 @@ class LocalPool:
         best = self._best()
         out = []
         for job in jobs:
+            if best is not None and best.lib:
+                self.gate.remember_times(best.lib, job.best_times)
             with tempfile.TemporaryDirectory(prefix="kloop-cand-") as tmp:
-                v = self.gate.evaluate(Candidate(write_files(Path(tmp), job.files), job.changed), best, max_seconds=gate_seconds)
+                v = self.gate.evaluate(Candidate(write_files(Path(tmp), job.files), job.changed), best, max_seconds=gate_seconds,
+                                       look=job.look)
             out.append(JudgeResult(job.number, v, self.name))
         return out
 
@@ -134,7 +139,7 @@ class _JudgeActorImpl:
         return self.name
 
     def judge(self, number: int, files: dict[str, bytes], changed: list[str], best_files: dict[str, bytes],
-              gate_seconds: float | None) -> dict:
+              gate_seconds: float | None, look: int = 1, best_times: dict[str, float] | None = None) -> dict:
         key = hash(tuple(sorted((k, hash(v)) for k, v in best_files.items())))
         if key != self._best_key:  # the best, built here (the build cache makes a rebuild cheap)
             folder = write_files(Path(tempfile.mkdtemp(dir=self.scratch, prefix="best-")), best_files)
@@ -143,7 +148,8 @@ class _JudgeActorImpl:
         if not self._best.ok:
             raise RuntimeError(f"the best does not build on {self.name}: {self._best.error_text()[:500]}")
         cand = write_files(Path(tempfile.mkdtemp(dir=self.scratch, prefix=f"cand-{number}-")), files)
-        v = self.gate.evaluate(Candidate(cand, changed), self._best, max_seconds=gate_seconds)
+        self.gate.remember_times(self._best.lib, best_times or {})
+        v = self.gate.evaluate(Candidate(cand, changed), self._best, max_seconds=gate_seconds, look=look)
         return {"verdict": v.model_dump(mode="json"), "worker": self.name}
 
 
@@ -210,7 +216,8 @@ class RayPool:
         while pending or running:
             while pending and free:
                 slot, job = free.pop(0), pending.pop(0)
-                ref = self._actors[slot].judge.remote(job.number, job.files, job.changed, best_files, gate_seconds)
+                ref = self._actors[slot].judge.remote(job.number, job.files, job.changed, best_files, gate_seconds,
+                                                      job.look, job.best_times)
                 running[ref] = (slot, job, time.monotonic())
             done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
             for ref in done:

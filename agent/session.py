@@ -508,6 +508,9 @@ class Session:
         jobs: list[JudgeJob] = []
         meta: dict[int, tuple[int, dict]] = {}
         best = self.best_commit
+        events = self.events()
+        looks = timed_looks(events, best, self.record.info.base_commit)
+        best_times = recorded_best_times(events, best)
         try:
             for i, item in enumerate(items):
                 knobs = item.get("knobs") or {}
@@ -524,7 +527,9 @@ class Session:
                     self.log("attempt_started", attempt=number, title=item["title"], rationale=item.get("rationale", ""),
                              patch=str(patch_path.relative_to(self.record.dir)), knobs=knobs,
                              gate_seconds=gate_seconds, best_commit=best)
-                    jobs.append(JudgeJob(number, task_files(self.ws.task_path), changed))
+                    # each job is a look of its own at this best: the batch spends the budget as many times
+                    jobs.append(JudgeJob(number, task_files(self.ws.task_path), changed, look=looks + 1 + len(jobs),
+                                         best_times=best_times))
                     meta[number] = (i, item)
                 knobs_file.unlink(missing_ok=True) if knobs_before is None else knobs_file.write_bytes(knobs_before)
         finally:
