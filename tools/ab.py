@@ -28,7 +28,7 @@ from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
 from tools.protocol import WorkerRequest
 from tools.stats import DecisionRules, PassCriterion, median as _median, robust_se_of_quartile
-from tools.timing import SET_MEMORY_CAP, Timer, calibrate, tensors_bytes
+from tools.timing import SET_MEMORY_CAP, calibrate, tensors_bytes
 
 # Each pass pays for fresh inputs, two cold probes and re-checks against the reference (for a big
 # attention shape the reference alone takes longer than many timed calls), so a pass holds several
