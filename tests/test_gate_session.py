@@ -244,29 +244,3 @@ def test_session_killed_mid_gate_resumes(tmp_path):
     assert [e.kind for e in s.events()].count("session_started") == 2
     json.dumps([e.model_dump(mode="json") for e in s.events()])  # the record reads back whole
 
-
-def test_a_new_process_judges_with_the_records_best_times_and_look_count(session):
-    """`kloop submit` and MCP open the run afresh for each decision: the best's recorded times (the
-    sabotage check) and the count of timed looks at this best (the error budget) must come from the
-    run record, not from the memory of the process that made them."""
-    from agent.gate import Verdict
-    from agent.session import recorded_best_times, timed_looks
-
-    other = Session.open(session.record.dir, lock=False)
-    other.best_build = session.best_build  # what its submit's baseline build would give
-    assert other.gate._recorded_times == {}
-    seen = {}
-
-    def evaluate(cand, best, max_seconds=None, upto="timing", look=1):
-        seen["times"], seen["look"] = dict(other.gate._recorded_times.get(best.lib, {})), look
-        return Verdict(accepted=False, stage="timing", reason="not run here")
-
-    other.gate.evaluate = evaluate
-    try:
-        other._evaluate_or_record_interrupt(10_000, [], None)
-    finally:
-        other.close()
-    events = session.events()
-    want = recorded_best_times(events, session.best_commit)
-    assert want and seen["times"] == want
-    assert seen["look"] == 1 + timed_looks(events, session.best_commit, session.record.info.base_commit)

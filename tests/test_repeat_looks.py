@@ -75,3 +75,41 @@ def test_resubmitting_an_aa_change_until_accepted_stays_within_the_budget():
     assert spent[-1] <= 0.015
     assert naive[-1] > spent[-1] and naive[-1] > naive[0]  # what counting the looks prevents
     assert all(math.isfinite(x) for x in naive + spent)
+
+
+def test_a_new_process_judges_with_the_records_best_times_and_look_count(tmp_path):
+    """`kloop submit` and MCP open the run afresh for each decision (Session.open): the best's recorded
+    times (the sabotage check) and the count of timed looks at this best (the error budget) come from
+    the run record, not from the memory of the process that made them."""
+    from agent.gate import GateConfig, Verdict
+    from agent.policies.base import Budget
+    from agent.session import Session
+    from tests.fakes import make_repo
+    from tools.build import BuildResult
+
+    repo = make_repo(tmp_path)
+    first = Session.start(repo / "kernels" / "matmul_cpu", "test", Budget(), runs_root=tmp_path / "runs",
+                          gate_config=GateConfig(standby=False))
+    best = first.best_commit
+    first.log("baseline", commit=best, figures={"bench": {"shapes": [{"shape": "sq192", "kernel": {"median": 2e-3}},
+                                                                       {"shape": "wide", "kernel": {"median": 1e-3}}]}})
+    for n in (1, 2):  # two timed decisions against this best, made by an earlier process
+        first.log("attempt_started", attempt=n, title=f"try {n}", best_commit=best)
+        first.log("verdict", attempt=n, accepted=False, reason="undecided", figures={"stage": "undecided", "timing_seed": n})
+    first.close()
+
+    other = Session.open(first.record.dir, lock=False)
+    other.best_build = BuildResult(ok=True, key="best", lib="/nonexistent/best.so", build_dir="/nonexistent")
+    assert other.gate._recorded_times == {}
+    seen = {}
+
+    def evaluate(cand, best_build, max_seconds=None, upto="timing", look=1):
+        seen["times"], seen["look"] = dict(other.gate._recorded_times.get(best_build.lib, {})), look
+        return Verdict(accepted=False, stage="timing", reason="not run here")
+
+    other.gate.evaluate = evaluate
+    try:
+        other._evaluate_or_record_interrupt(3, [], None)
+    finally:
+        other.close()
+    assert seen == {"times": {"sq192": 2e-3, "wide": 1e-3}, "look": 3}
