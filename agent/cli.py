@@ -595,6 +595,8 @@ def _numbers(row: dict) -> dict:
         m = re.match(r"(?:(\d+) -> )?(\d+) regs, spills (?:(\d+)/(\d+) -> )?(\d+)/(\d+) B", text)
         regs[kernel] = {"registers": int(m[2]), "registers_before": int(m[1] or m[2]),
                         "spill_store_bytes": int(m[5]), "spill_load_bytes": int(m[6])} if m else {"text": text}
+        if m and (st := re.search(r"stack (?:(\d+) -> )?(\d+) B", text)):
+            regs[kernel]["stack_bytes"] = int(st[2])
         if m and (ws := re.search(r"setmaxnreg (\d+(?: / \d+)*)", text)):
             regs[kernel]["setmaxnreg"] = [int(v) for v in ws[1].split(" / ")]
     out["registers"] = regs

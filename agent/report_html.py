@@ -24,7 +24,7 @@ from markupsafe import Markup
 from plotly.subplots import make_subplots
 
 from agent.run_view import AttemptView, RunView, kernel_deltas
-from tools.fmt import fmt_num, real
+from tools.fmt import fmt_num, kernel_name, real
 from tools.fmt import fmt_time as _fmt_time
 
 # one colour per gate stage that can reject; accepted is the staircase's colour
@@ -280,6 +280,7 @@ def _env() -> Environment:
     env = Environment(loader=PackageLoader("agent", "templates"), autoescape=select_autoescape(["html", "j2"]),
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["t"] = fmt_time
+    env.filters["kernel"] = kernel_name  # 'bwd_dkdv<128,false>', not 'void (anonymous namespace)::bwd_dk...'
     env.filters["sp"] = lambda x: f"x{x:.4f}" if real(x) is not None else "-"
     for digits in (1, 2, 3, 4):  # a figure with n decimals; '-', 'nan' or '?' when it is not a finite number
         env.filters[f"f{digits}"] = lambda x, d=digits: fmt_num(x, f".{d}f")

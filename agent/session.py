@@ -878,6 +878,9 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
         spills = f"spills {k.get('spill_store_bytes')}/{k.get('spill_load_bytes')} B"
         if b and (b.spill_store_bytes, b.spill_load_bytes) != (k.get("spill_store_bytes"), k.get("spill_load_bytes")):
             spills = f"spills {b.spill_store_bytes}/{b.spill_load_bytes} -> {k.get('spill_store_bytes')}/{k.get('spill_load_bytes')} B"
+        stack, stack_before = k.get("stack_bytes") or 0, (b.stack_bytes if b else None)
+        if stack or stack_before:  # local memory: spills or an indexed register array
+            spills += f", stack {stack_before} -> {stack} B" if b and stack_before != stack else f", stack {stack} B"
         if isinstance(k.get("setmaxnreg"), list) and k["setmaxnreg"]:  # warp-specialised: ptxas's count is the entry count; then what setmaxnreg sets
             spills += f", setmaxnreg {' / '.join(map(str, k['setmaxnreg']))}"
         try:

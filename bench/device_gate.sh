@@ -3,7 +3,7 @@
 # probes and floors in the judge). GPU tests, the gate benchmark on softmax (100 A/A, 100 +0.5% and
 # 100 +2% trials at 2 s of timing per decision), the hidden work the escape allowance catches, and the
 # per-stage overhead of two real decisions.
-#   bash bench/device_gate.sh [all|tests|tests-cheats|tests-tasks|bench|hidden|overhead]   (writes under $OUT or /tmp)
+#   bash bench/device_gate.sh [all|tests|tests-cheats|tests-tasks|tests-attention|bench|hidden|overhead]   (writes under $OUT or /tmp)
 # One device command may run 600 s. The GPU suite took more than 300 s on the H200 (2026-12-02), so
 # it is two parts, each given 270 s and run as its own device command: `tests-cheats` (the CUDA
 # cheats against the gate) and `tests-tasks` (the GPU tasks, the gate on GPU, the showcase replays).
@@ -27,6 +27,8 @@ gpu_part() {  # NAME FILES...: one part of the GPU suite, its slowest tests list
 }
 if want tests || [ "$part" = tests-cheats ]; then gpu_part cheats tests/gpu/test_cheats_cuda.py; fi
 if want tests || [ "$part" = tests-tasks ]; then gpu_part tasks tests/gpu/test_gpu_tasks.py tests/gpu/test_showcase_replay.py; fi
+# the attention tasks' every-knob checks and tuner runs (~200 s): a part of their own, not in `tests`
+if [ "$part" = tests-attention ]; then gpu_part attention tests/gpu/test_attention_tasks.py; fi
 if want bench; then
 timeout 570 python3 bench/gate_bench.py --task kernels/softmax --aa 100 --gains 0.005:100,0.02:100 --max-seconds 2 --budget 540 --quiet --json "$out/gate_bench.json" > "$out/gate_bench.txt" 2>&1
 echo "gate bench rc=$?"; tail -8 "$out/gate_bench.txt"

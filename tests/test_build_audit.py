@@ -46,7 +46,7 @@ def test_ptxas_advisories_one_line_per_kernel():
     text = format_build(BuildResult(ok=True, key="k", build_dir="/nowhere", compiler="nvcc 13.0", warnings=warnings,
                                     kernels=ks))
     lines = text.splitlines()
-    attn = lines.index(next(line for line in lines if line.startswith("  void attn<128>")))
+    attn = lines.index(next(line for line in lines if line.startswith("  attn<128>: ")))  # the short name
     assert lines[attn + 1] == ("    ptxas: C7511 wgmma serialized: insufficient register resources for the wgmma "
                                "pipeline; C7520 wgmma serialized: program dependence on compiler-inserted WG.AR in "
                                "divergent path")

@@ -140,3 +140,23 @@ def test_each_mode_builds_its_kernels_for_both_head_dims(task, kernel_build_cach
     assert "bwd_dkdv<128,true>" in names(builds["DQ_ATOMIC=1"]) and "bwd_dq<128,false>" not in names(builds["DQ_ATOMIC=1"])
     assert "bwd_dq<128,true>" in names(builds["KV_OUTER=0"]) and not any("dkdv" in n for n in names(builds["KV_OUTER=0"]))
     assert not any(k.spill_store_bytes or k.spill_load_bytes or k.stack_bytes for k in builds["defaults"].kernels)
+
+
+def test_comparator_cache_is_per_input_set_and_shape():
+    """The comparators' cache (tools/attention_ref.PerInputCache): an input set's derived tensors are
+    reused across the bench's rotation; a freed set's addresses reused by an equally sized tensor of
+    another shape are a miss (the FP8 SDPA comparator once met such a stale entry at 16k and failed)."""
+    from tools.attention_ref import PerInputCache
+
+    cache, made = PerInputCache(size=2), []
+    storage = torch.zeros(64)
+    a = {"q": storage[:32].view(4, 8)}
+    b = {"q": storage[:32].view(8, 4)}  # same address, another shape
+    c = {"q": torch.zeros(3)}
+
+    def get(x):
+        return cache.get(x, ("q",), (), lambda: made.append(tuple(x["q"].shape)) or len(made))
+
+    assert [get(a), get(a), get(b), get(a)] == [1, 1, 2, 1]
+    assert get(c) == 3 and get(b) == 4  # size 2: b was the least recently used, dropped for c
+    assert made == [(4, 8), (8, 4), (3,), (8, 4)]

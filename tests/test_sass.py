@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tools.fmt import kernel_name
 from tools.sass import (
     KernelSass,
     SassError,
@@ -133,6 +134,22 @@ def test_spill_and_mma_warnings(listing):
     assert "HMMA 1" in s.warnings[1] and "HGMMA" in s.warnings[1]
 
 
+def test_format_mix_shows_each_kernels_ptxas_resources_beside_its_sass(listing):
+    """`sass` (the agent tool) names each kernel as the trailers do and shows what ptxas reported for
+    it: registers (with setmaxnreg), spill stores/loads, stack (local memory) bytes, and the LDL/STL
+    the SASS holds; a kernel without ptxas figures gets no such line."""
+    from tools.build import KernelResources
+
+    res = [KernelResources(name="spill_hmma", mangled="spill_hmma", registers=255, spill_store_bytes=8,
+                           spill_load_bytes=12, stack_bytes=16, setmaxnreg=[40, 232])]
+    text = format_mix({k: v.summary for k, v in listing.items()}, resources=res)
+    gemm, spill = text.split("\n\n")
+    assert "ptxas:" not in gemm
+    assert spill.startswith("spill_hmma [sm_90a]")
+    assert ("  ptxas: 255 regs at entry; setmaxnreg 40 / 232, spills 8/12 B st/ld, 16 B stack; "
+            "local memory in SASS: 1 LDL, 1 STL") in spill.splitlines()
+
+
 def test_other_arch_keeps_both_and_skips_hopper_advice():
     kernels = parse_sass(LISTING + HEADER.format(arch="sm_80") + SPILL)
     old = kernels["spill_hmma [sm_80]"]
@@ -145,7 +162,7 @@ def test_format_mix(listing):
     blocks = text.split("\n\n")
     assert len(blocks) == 2
     if shutil.which("c++filt"):
-        assert blocks[0].startswith(f"{GEMM_DEMANGLED} [sm_90a]: 21 instructions")
+        assert blocks[0].startswith(f"{kernel_name(GEMM_DEMANGLED)} [sm_90a]: 21 instructions")  # short, as trailers name it
     assert "families: move 4, sync 3, tensor 3" in blocks[0]
     assert "ld/st widths: STS.32 1, LDS.128 1, STG.128 1" in blocks[0] and "mufu: RCP 1" in blocks[0]
     assert "WARNING" not in blocks[0]

@@ -206,6 +206,33 @@ def test_evidence_trailers_keep_every_cuda_kernel(repo: Path):
     assert len(rows) == 1 and list(rows[0]["registers"]) == [k.removeprefix("Kloop-Regs-") for k, _ in regs]
 
 
+def test_trailers_keep_each_backward_kernels_stack_bytes(repo: Path):
+    """A backward holds several kernels: each keeps its own registers, spills and local-memory (stack)
+    bytes under its own short name, and `kloop log --json` reads them back per kernel."""
+    from agent.cli import _commit_rows, _numbers
+    from agent.session import evidence_trailers
+    from tools.build import BuildResult, KernelResources
+
+    names = ["void (anonymous namespace)::bwd_preprocess<128>(__nv_bfloat16 const*, float*)",
+             "void (anonymous namespace)::bwd_dkdv<128, false>(__nv_bfloat16 const*, float*)",
+             "void (anonymous namespace)::bwd_dq<128, false>(__nv_bfloat16 const*, float*)"]
+    best = BuildResult(ok=True, key="k", build_dir="/nowhere", kernels=[
+        KernelResources(name=names[1], mangled="_Zdkdv", registers=255, spill_store_bytes=28, spill_load_bytes=32, stack_bytes=32)])
+    figures = {"build": {"kernels": [
+        {"name": names[0], "registers": 26, "spill_store_bytes": 0, "spill_load_bytes": 0, "stack_bytes": 0},
+        {"name": names[1], "registers": 194, "spill_store_bytes": 0, "spill_load_bytes": 0, "stack_bytes": 0},
+        {"name": names[2], "registers": 80, "spill_store_bytes": 4, "spill_load_bytes": 4, "stack_bytes": 8}]}}
+    regs = dict((k, v) for k, v in evidence_trailers(figures, best, "run-1", 1) if k.startswith("Kloop-Regs-"))
+    assert regs == {"Kloop-Regs-bwd-preprocess-128": "26 regs, spills 0/0 B",
+                    "Kloop-Regs-bwd-dkdv-128-false": "255 -> 194 regs, spills 28/32 -> 0/0 B, stack 32 -> 0 B",
+                    "Kloop-Regs-bwd-dq-128-false": "80 regs, spills 4/4 B, stack 8 B"}
+    git_parse(repo, format_commit_message("Backward", "", [("Kloop-Attempt", "1"), *regs.items()]))
+    got = _numbers(_commit_rows(repo, "main", None)[0])["registers"]
+    assert got["bwd-dkdv-128-false"] == {"registers": 194, "registers_before": 255, "spill_store_bytes": 0,
+                                         "spill_load_bytes": 0, "stack_bytes": 0}
+    assert got["bwd-dq-128-false"]["stack_bytes"] == 8 and "stack_bytes" not in got["bwd-preprocess-128"]
+
+
 def test_log_still_reads_old_register_trailers(repo: Path):
     from agent.cli import _commit_rows, _numbers
 

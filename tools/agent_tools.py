@@ -68,7 +68,7 @@ def sass_tool(ctx: SessionPort, args: SassInput) -> ToolResult:
             names = ", ".join(k.name for k in result.kernels)
             return ToolResult(ok=False, text=f"sass: name the kernel to excerpt from (one of: {names})")
         return ToolResult(text=sass_excerpt(Path(result.lib), kernel, args.pattern, context=args.context))
-    return ToolResult(text=format_mix(sass_mix(Path(result.lib))))
+    return ToolResult(text=format_mix(sass_mix(Path(result.lib)), resources=result.kernels))
 
 
 # ---- check / bench ------------------------------------------------------------------------------

@@ -529,12 +529,15 @@ def format_build(result: BuildResult) -> str:
     lines = [f"build ok{' (cached)' if result.cached else ''} in {result.seconds:.1f} s, {result.compiler}"]
     if result.knobs:
         lines.append("knobs: " + " ".join(f"{k}={v}" for k, v in result.knobs.items()))
-    for k in result.kernels:
+    from tools.fmt import kernel_names
+
+    # short unique names (no return type, namespaces or arguments), as the trailers and `sass` name them
+    for k, short in zip(result.kernels, kernel_names([k.name for k in result.kernels])):
         spill = k.spill_store_bytes + k.spill_load_bytes
         lines.append(
-            f"  {k.name}: {registers_text(k)}, {k.smem_bytes} B smem, {k.stack_bytes} B stack, "
+            f"  {short}: {registers_text(k)}, {k.smem_bytes} B smem, {k.stack_bytes} B stack, "
             f"spills {k.spill_store_bytes}/{k.spill_load_bytes} B st/ld, barriers {k.barriers}"
-            + ("  <-- SPILLS" if spill else "")
+            + ("  <-- SPILLS" if spill else ("  <-- local memory (stack)" if k.stack_bytes else ""))
         )
         if k.advisories:
             shown = "; ".join(k.advisories[:3]) + (f" (+{len(k.advisories) - 3} more)" if len(k.advisories) > 3 else "")

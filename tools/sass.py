@@ -14,7 +14,7 @@ import re
 import subprocess
 from collections import Counter
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Sequence, Mapping
 
 from pydantic import BaseModel
 
@@ -331,14 +331,26 @@ def _counts(counts: Mapping[str, int], limit: int | None = None) -> str:
     return ", ".join(f"{k} {v}" for k, v in items) + more
 
 
-def format_mix(mix: Mapping[str, SassSummary], top_opcodes: int = 12) -> str:
-    """A compact per-kernel table of the mix, for people and for the model."""
+def format_mix(mix: Mapping[str, SassSummary], top_opcodes: int = 12, resources: Sequence[Any] = ()) -> str:
+    """A compact per-kernel table of the mix, for people and for the model. `mix` is keyed by mangled
+    name (as sass_mix gives it); `resources`: the build's ptxas figures (tools.build.KernelResources),
+    shown per kernel beside its SASS: registers (and setmaxnreg), spill stores/loads, stack (local
+    memory) bytes, and the local-memory instructions the SASS holds."""
     if not mix:
         return "no kernels (no SASS in the library)"
+    from tools.fmt import kernel_names
+
+    by_mangled = {getattr(r, "mangled", None): r for r in resources}
     blocks = []
-    for s in mix.values():
-        lines = [f"{s.kernel} [{s.arch or '?'}]: {s.total} instructions",
+    for (key, s), short in zip(mix.items(), kernel_names([s.kernel for s in mix.values()])):
+        lines = [f"{short} [{s.arch or '?'}]: {s.total} instructions",
                  f"  families: {_counts(s.families)}"]
+        r = by_mangled.get(key.split(" [")[0])
+        if r is not None:
+            regs = f"{r.registers} regs" + (f" at entry; setmaxnreg {' / '.join(map(str, r.setmaxnreg))}" if r.setmaxnreg else "")
+            lines.append(f"  ptxas: {regs}, spills {r.spill_store_bytes}/{r.spill_load_bytes} B st/ld, "
+                         f"{r.stack_bytes} B stack; local memory in SASS: {s.opcodes.get('LDL', 0)} LDL, "
+                         f"{s.opcodes.get('STL', 0)} STL")
         if s.memory:
             lines.append(f"  ld/st widths: {_counts(s.memory)}")
         if s.mufu:

@@ -35,7 +35,7 @@ import math
 
 import torch
 
-from tools.attention_ref import attention_backward, attention_forward, reference_dtype
+from tools.attention_ref import PerInputCache, attention_backward, attention_forward, reference_dtype
 from tools.spec import check_status, ptr
 
 ENTRY = "kloop_flash_attn_bwd"
@@ -142,25 +142,27 @@ def bytes_moved(shape: dict) -> float:
 
 def _sdpa_backward(backend_name: str):
     """The backward of torch SDPA (through autograd) in one backend: the forward graph is built once
-    per input buffer and kept (the timed call is the backward alone, retain_graph); GQA by repeating
+    per input set and kept (the timed call is the backward alone, retain_graph); GQA by repeating
     K/V inside the graph, so dK/dV come back summed over the group. For timing, not checked."""
-    cache: dict = {}
+    cache = PerInputCache()
 
-    def run(shape: dict, inputs: dict, outputs: dict) -> None:
+    def forward(shape: dict, inputs: dict):
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        key = tuple(inputs[n].data_ptr() for n in ("q", "k", "v", "do"))
-        if cache.get("key") != key:
-            cache.clear()
-            q, k, v = (inputs[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v"))
-            group = q.shape[1] // k.shape[1]
-            with sdpa_kernel(getattr(SDPBackend, backend_name)):
-                out = F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
-                                                     is_causal=_dims(shape)[5], scale=scale_of(shape))
-            cache.update(key=key, leaves=(q, k, v), out=out)
+        q, k, v = (inputs[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v"))
+        group = q.shape[1] // k.shape[1]
         with sdpa_kernel(getattr(SDPBackend, backend_name)):
-            dq, dk, dv = torch.autograd.grad(cache["out"], cache["leaves"], inputs["do"], retain_graph=True)
+            out = F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
+                                                 is_causal=_dims(shape)[5], scale=scale_of(shape))
+        return (q, k, v), out
+
+    def run(shape: dict, inputs: dict, outputs: dict) -> None:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        leaves, out = cache.get(inputs, ("q", "k", "v"), (_dims(shape)[5],), lambda: forward(shape, inputs))
+        with sdpa_kernel(getattr(SDPBackend, backend_name)):
+            dq, dk, dv = torch.autograd.grad(out, leaves, inputs["do"], retain_graph=True)
         outputs["dq"].copy_(dq)
         outputs["dk"].copy_(dk)
         outputs["dv"].copy_(dv)
