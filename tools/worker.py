@@ -77,7 +77,7 @@ class Judge:
 
 def runner_names(kind: str, libs: list[str]) -> list[str]:
     return {"check": ["cand"], "bench": ["cand"] if libs else [], "ab": ["best", "cand"],
-            "gate": ["best", "cand"]}.get(kind, [])
+            "gate": ["best", "cand"], "e2e": ["cand"]}.get(kind, [])
 
 
 def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
@@ -134,6 +134,13 @@ def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
                 if req.kind == "check" or not report.passed:
                     return result(ok=True, check=report)
                 check = report
+            if req.kind == "e2e":
+                from tools.e2e import e2e_in_process
+
+                t2 = time.monotonic()
+                report = e2e_in_process(task, spec, libs[0], req.seed, device, arena)
+                stages["e2e"] = round(time.monotonic() - t2, 3)
+                return result(ok=True, e2e=report)
             if req.kind == "bench":
                 from tools.bench import bench_in_process
 
