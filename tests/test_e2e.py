@@ -250,3 +250,42 @@ def test_gate_accepts_honest_and_rejects_biased_at_e2e(tmp_path, libs):
         assert summary(biased.e2e).startswith("FAIL, last-10 mean loss")
     finally:
         g.close()
+
+
+# ---- the attention model (tools/e2e_attention.py): its plumbing on the CPU, a few steps --------------
+
+def _backward_kernel(calls):
+    """The flash_attn_bwd contract (q, k, v, o, do, lse -> dq, dk, dv, with workspaces) in torch."""
+    from tools.e2e_attention import _reference_attention
+
+    def kernel(dims, inputs):
+        calls.append((dims, sorted(inputs)))
+        assert dims["kv_heads"] == dims["heads"] and dims["causal"] is True
+        with torch.enable_grad():  # called from inside autograd's backward, where grad mode is off
+            q, k, v = (inputs[n].float().requires_grad_(True) for n in ("q", "k", "v"))
+            grads = torch.autograd.grad(_reference_attention(q, k, v), (q, k, v), inputs["do"].float())
+        return {n: g.to(torch.bfloat16) for n, g in zip(("dq", "dk", "dv"), grads)} | {"ws_dq": torch.zeros(1)}
+
+    return kernel
+
+
+def test_attention_model_forward_and_backward_patterns_match_the_reference():
+    """The forward task's script with the spec's reference as the kernel, and the backward pattern with
+    a torch backward, train as the all-reference model does (bf16 rounding apart), in a few steps."""
+    from tools.e2e import ReferenceKernel, load_script
+    from tools.e2e_attention import attention_op, train, train_backward
+    from tools.spec import load_spec
+
+    torch.set_num_threads(1)
+    steps, cpu = 3, torch.device("cpu")
+    ref = train(attention_op(), 5, steps, cpu)
+    fwd_task = load_task(ROOT / "kernels" / "flash_attn_fwd")
+    assert fwd_task.manifest.e2e is not None and fwd_task.manifest.e2e.when == "accept"
+    script = load_script(fwd_task.e2e_path)
+    fwd = script.train(ReferenceKernel(load_spec(fwd_task.spec_path)), 5, steps, cpu)
+    calls = []
+    bwd = train_backward(_backward_kernel(calls), 5, steps, cpu)
+    assert len(calls) == 2 * steps and calls[0][1] == ["do", "k", "lse", "o", "q", "v"]
+    for curve in (fwd, bwd):
+        assert len(curve) == steps and all(math.isfinite(x) for x in curve)
+        assert curve[0] == pytest.approx(ref[0], rel=1e-3) and curve[-1] == pytest.approx(ref[-1], rel=2e-2)

@@ -192,6 +192,11 @@ class WorkerRequest(BaseModel):
     # timing seed from `seed` in the judge, fresh input sets and its own statistics
     trials: int = 1
     trials_seconds: float = 0.0  # ab with trials > 1: start no new trial after this many seconds (0: no limit)
+    # gate: also run the task's e2e check (tools/e2e.py) in the same judge once the timing's lower bound
+    # clears min_gain (a condition every accept needs): it saves a judge start per accept. The gate
+    # uses it only if the verdict is an accept, and runs a judge of its own when none came back
+    e2e: bool = False
+    e2e_seed: int = 0
 
 
 class WorkerResult(BaseModel):
