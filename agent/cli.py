@@ -755,7 +755,7 @@ def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix
               repo: Optional[Path] = typer.Option(None, help="Repository holding the branch (default: the current directory's; for a run: as recorded)."),
               no_timing: bool = typer.Option(False, "--no-timing", help="Scope, static rules, build, audit and check only (no paired timing)."),
               seconds: Optional[float] = typer.Option(None, help="Timing seconds per commit (default: the run's gate setting).", callback=_at_least(0, True)),
-              no_e2e: bool = typer.Option(False, "--no-e2e", help="Skip the task's end-to-end training check (run by default where the task declares one)."),
+              no_e2e: bool = typer.Option(False, "--no-e2e", help="Skip the task's end-to-end training check (run by default where the task declares one; --no-timing skips it too)."),
               as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Today's gate over every accepted commit of a run: which would now be rejected, and why (exit 1 if any)."""
     from agent.reaudit import LAYERS, AuditInputError, audit, target_from_branch, target_from_run

@@ -5,7 +5,7 @@ parent as the best, by the gate as it is now: scope of the commit's diff, static
 of what was built, check on fresh secret seeds (the task's adversarial check shapes included), and,
 unless `--no-timing`, paired timing with its integrity layers (timed-output re-checks, physics floor,
 escape/cold probes, the best against its recorded time), then, where the task declares one and
-unless `--no-e2e`, its end-to-end training check (tools/e2e.py; whatever its `when`: an audit is what
+unless `--no-e2e` (or `--no-timing`), its end-to-end training check (tools/e2e.py; whatever its `when`: an audit is what
 runs before an export). A commit that fails any of these would now be rejected. The gain is measured and shown, never counted: a commit that is not faster here is
 "gain not reproduced", not a cheat (the machine may differ from the one that accepted it).
 
@@ -251,7 +251,7 @@ def _audit_commit(bench, target: AuditTarget, c, upto: str, e2e: bool = False) -
     bench.upto = used
     v = bench.submit(c.summary)
     _classify(row, v, bench.gate, used)
-    if e2e and not row.rejected and used != "audit" and v.build is not None and v.build.ok and v.build.lib:
+    if e2e and not row.rejected and used == "timing" and v.build is not None and v.build.ok and v.build.lib:
         _e2e(row, bench.gate, v.build.lib)
     row.note = "; ".join(notes)
     bench.adopt()  # the next commit is judged against this one, as on the branch
