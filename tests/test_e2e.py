@@ -289,3 +289,12 @@ def test_attention_model_forward_and_backward_patterns_match_the_reference():
     for curve in (fwd, bwd):
         assert len(curve) == steps and all(math.isfinite(x) for x in curve)
         assert curve[0] == pytest.approx(ref[0], rel=1e-3) and curve[-1] == pytest.approx(ref[-1], rel=2e-2)
+
+
+def test_report_line_per_attempt():
+    from agent.run_view import _e2e_line
+
+    rep = E2EReport(passed=False, reason="training moved off the reference: last-10 mean loss 7.3e-12 vs 3.9e-12 ref "
+                    "(+87.00%, bound 5%), 40 steps", seconds=0.2)
+    assert _e2e_line(rep.model_dump(mode="json")) == "FAIL, last-10 mean loss 7.3e-12 vs 3.9e-12 ref (+87.00%, bound 5%), 40 steps, 0.2 s"
+    assert _e2e_line(None) == "" and _e2e_line({"passed": "?"}) == "(unreadable e2e figures)"
