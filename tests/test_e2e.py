@@ -286,7 +286,10 @@ def test_attention_model_forward_and_backward_patterns_match_the_reference():
     calls = []
     bwd = train_backward(_backward_kernel(calls), 5, steps, cpu)
     assert len(calls) == 2 * steps and calls[0][1] == ["do", "k", "lse", "o", "q", "v"]
-    for curve in (fwd, bwd):
+    bwd_task = load_task(ROOT / "kernels" / "flash_attn_bwd")  # the real backward spec: names, shapes, dtypes
+    assert bwd_task.manifest.e2e is not None
+    spec_bwd = load_script(bwd_task.e2e_path).train(ReferenceKernel(load_spec(bwd_task.spec_path)), 5, steps, cpu)
+    for curve in (fwd, bwd, spec_bwd):
         assert len(curve) == steps and all(math.isfinite(x) for x in curve)
         assert curve[0] == pytest.approx(ref[0], rel=1e-3) and curve[-1] == pytest.approx(ref[-1], rel=2e-2)
 
