@@ -10,8 +10,9 @@ the 40 steps, and the last 10 sit on it.
 
 Why that floor: an fp32 product is only as good as its rounding, and the last steps measure exactly
 that. An honest kernel's error (~1e-7 relative, any summation order) adds ~(1e-7 / 2e-6)^2 to the
-floor: the last-10 mean stays within 0.7% of the reference run's on every seed tried (40 seeds,
-i-j-k and i-k-j loops on this 2-core CPU box; 5% is the bound). A kernel that rounds every result
+floor: the last-10 mean stays within 0.7% of the reference run's on every seed tried (38 seeds
+with torch's fp32 matmul and a sequential fp32 sum standing in, seeds 1-3 with the built i-j-k and
+i-k-j loops, on the 2-core CPU box; 5% is the bound). A kernel that rounds every result
 toward zero at 17 significant bits (relative error < 2^-17 = 7.6e-6: it passes the check's fp32
 tolerance, norm error 1e-5) raises it by ~80% on every seed. A uniform scale (1 + d) of every result
 is absorbed by the weights (W converges to W*/(1 + d)) and moves the floor by < 0.5%: scaling is not
