@@ -301,3 +301,13 @@ def test_report_line_per_attempt():
                     "(+87.00%, bound 5%), 40 steps", seconds=0.2)
     assert _e2e_line(rep.model_dump(mode="json")) == "FAIL, last-10 mean loss 7.3e-12 vs 3.9e-12 ref (+87.00%, bound 5%), 40 steps, 0.2 s"
     assert _e2e_line(None) == "" and _e2e_line({"passed": "?"}) == "(unreadable e2e figures)"
+
+
+def test_briefing_names_the_long_check_and_the_e2e_stage(tmp_path):
+    from agent.briefing import _check_text
+
+    t = load_task(task_copy(tmp_path, when="every:3", extra='\n[check]\nquick = ["one"]\ngate_rounds = 3\n', small=False))
+    text = _check_text(t)
+    assert "(3 calls each)" in text and "your check tool runs the quick set only: one" in text
+    assert "on every 3th accept, an end-to-end training check" in text and "within 5%" in text
+    assert "end-to-end" not in _check_text(load_task(TASK))  # when = "export": not the agent's concern
