@@ -101,13 +101,30 @@ def briefing_fields(session) -> dict[str, str]:
         "bench_table": bench_table(session),
         "knobs_table": knobs_table(session),
         "editable_files": f"{', '.join(m.editable)} (matches: {', '.join(files) or 'none yet'})",
-        "check_shapes": ", ".join(f"{s.name} {s.dims}" for s in task.check_shapes),
+        "check_shapes": _check_text(task),
         "tolerance": tol_text,
         "forbidden": "\n".join(forbidden) or "none",
         "min_gain": f"{100 * m.min_gain:g}% (lower bound of the workload speedup > {1 + m.min_gain:g})",
         "max_regression": f"{100 * m.max_regression:g}% on every bench shape unless the shape says otherwise",
         "budget": _budget_text(session.budget),
     }
+
+
+def _check_text(task) -> str:
+    """The gate's check shapes; the quick set the check tool runs, and the e2e stage, where they differ."""
+    gate, rounds = task.check_plan("gate")
+    quick, _ = task.check_plan("quick")
+    text = ", ".join(f"{s.name} {s.dims}" for s in gate)
+    if rounds:
+        text += f" ({rounds} calls each)"
+    if [s.name for s in quick] != [s.name for s in gate]:
+        text += f"; your check tool runs the quick set only: {', '.join(s.name for s in quick)}"
+    e2e = task.manifest.e2e
+    if e2e is not None and e2e.when != "export":
+        often = "every accept" if e2e.when == "accept" else f"every {e2e.every()}th accept"
+        text += (f"; then, on {often}, an end-to-end training check: a small model trained {e2e.steps} steps with "
+                 f"your kernel must end within {e2e.bound * 100:g}% of the same run with the reference")
+    return text
 
 
 def briefing(session) -> str:

@@ -757,6 +757,7 @@ def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix
               repo: Optional[Path] = typer.Option(None, help="Repository holding the branch (default: the current directory's; for a run: as recorded)."),
               no_timing: bool = typer.Option(False, "--no-timing", help="Scope, static rules, build, audit and check only (no paired timing)."),
               seconds: Optional[float] = typer.Option(None, help="Timing seconds per commit (default: the run's gate setting).", callback=_at_least(0, True)),
+              no_e2e: bool = typer.Option(False, "--no-e2e", help="Skip the task's end-to-end training check (run by default where the task declares one; --no-timing skips it too)."),
               as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Today's gate over every accepted commit of a run: which would now be rejected, and why, and whose gain
     does not hold with today's estimate (exit 1 if any)."""
@@ -778,7 +779,7 @@ def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix
         from tools.sandbox import status as sandbox_status
 
         _print_sandbox(sandbox_status().as_dict())  # the commits' kernels run here (check, timing)
-        report = audit(target, no_timing=no_timing, seconds=seconds, on_row=None if as_json else (
+        report = audit(target, no_timing=no_timing, seconds=seconds, e2e=not no_e2e, on_row=None if as_json else (
             lambda r: err_console.print(f"  audited {r.commit[:10]} {r.title[:50]}: "
                                         + ("[red]would now be rejected[/]" if r.rejected else "[green]passes[/]"), highlight=False)))
     except AuditInputError as exc:
@@ -801,6 +802,8 @@ def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix
             layers = " ".join({"ok": f"[green]{k}[/]", "FAIL": f"[bold red]{k.upper()} FAIL[/]"}.get(
                 r.stages.get(k, ""), f"[dim]({k})[/]") for k in LAYERS)
             why = escape(r.reason[:300]) if r.rejected else ""
+            if r.e2e and not r.rejected:
+                why = f"[dim]e2e: {escape(r.e2e)}[/]"
             if r.note:
                 why = (why + "\n" if why else "") + f"[dim]{escape(r.note)}[/]"
             table.add_row(r.commit[:10], escape(r.title), layers, escape(r.gain), why)

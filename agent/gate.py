@@ -34,11 +34,11 @@ from tools.task import KNOBS_FILE, TaskError, load_task
 from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_task_build
 from tools.build import BuildResult, build
 from tools.fmt import fmt_ms, fmt_num, fmt_speedup
-from tools.protocol import ABReport, CheckReport, DeviceInfo, WorkerRequest
+from tools.protocol import ABReport, CheckReport, DeviceInfo, E2EReport, WorkerRequest
 from tools.runner import StandbySlot, run_worker
 from tools.stats import DecisionRules, look_alpha
 
-Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "accepted", "interrupted", "partial"]
+Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "e2e", "accepted", "interrupted", "partial"]
 # how far `Gate.evaluate` goes: every layer ("timing"), or stop after the check or after the audit of
 # what was built (`kloop audit --no-timing`, or a CUDA task on a machine without a GPU). A candidate
 # that passes every layer run is never accepted by a partial evaluation: its stage is "partial".
@@ -78,6 +78,8 @@ class GateConfig(BaseModel):
     # keep one judge (and its two runners) pre-started for the next decision (tools/runner.JudgeStandby);
     # KLOOP_STANDBY=off turns it off too. Changes no verdict: only where the start-up seconds go.
     standby: bool = True
+    # run the task's end-to-end training check (manifest [e2e]) on the accepts its `when` names
+    e2e: bool = True
 
 
 class Verdict(BaseModel):
@@ -95,6 +97,7 @@ class Verdict(BaseModel):
     audit: AuditReport | None = None  # of what was built (symbols, syscalls, load-time code, headers)
     check: CheckReport | None = None
     ab: ABReport | None = None
+    e2e: E2EReport | None = None  # the end-to-end training check, when it ran (tools/e2e.py)
     device: DeviceInfo | None = None
     check_seed: int | None = None  # revealed after the decision, for the record
     timing_seed: int | None = None
@@ -121,6 +124,10 @@ class Verdict(BaseModel):
                 lines.append(f"  {s.shape}: {fmt_ms(s.time_a)} -> {fmt_ms(s.time_b)}, "
                              f"{fmt_speedup(s.speedup, s.speedup_lo, s.speedup_hi)} ({s.pairs} pairs)")
             lines.append(f"  timing: {self.ab.pairs} pairs in {fmt_num(self.ab.timing_seconds, '.1f')} s ({self.ab.stopped_because})")
+        if self.e2e:
+            from tools.e2e import summary
+
+            lines.append(f"  e2e: {summary(self.e2e)}")
         if self.check and not self.check.passed:
             from tools.check import format_check  # imports torch: not at startup of a CLI command that needs none
 
@@ -161,6 +168,9 @@ class Gate:
         self.task_rel = task_rel.strip("/")
         self.config = config or GateConfig()
         self._recorded_times: dict[str, dict[str, float]] = {}  # lib -> shape -> seconds when it was accepted
+        # accepts since the e2e check last ran (`every:N`); a resumed session sets it from its record
+        self.accepts_since_e2e = 0
+        self._inline_e2e: tuple[str, E2EReport] | None = None  # (lib, report) the gate's judge ran inline
         # progress callback: on_stage(stage, state, ok=None, seconds=None), e.g. ("check", "started")
         self.on_stage = None
         # one pre-started judge for the next decision, warming while the agent works
@@ -319,8 +329,47 @@ class Gate:
         if upto != "timing" and verdict.accepted:
             verdict = verdict.model_copy(update=dict(accepted=False, stage="partial",
                                                      reason="correct on fresh inputs; timing not run"))
+        elif verdict.accepted and best is not None:
+            verdict = self.e2e_stage(verdict, built)
         clock[0] = time.monotonic()
         return done(verdict)
+
+    # -- the end-to-end stage (tools/e2e.py): after every other stage accepted ---------------------
+    def e2e_due(self) -> bool:
+        """Does the next accept run the task's e2e check (its `when`, the accepts since it last ran)?"""
+        from tools.e2e import due
+
+        cfg = self.task.manifest.e2e
+        return bool(cfg and self.config.e2e and due(cfg.when, self.accepts_since_e2e))
+
+    def e2e_stage(self, verdict: Verdict, built: BuildResult) -> Verdict:
+        """A verdict every other stage accepted, after the e2e check where it is due: rejected at stage
+        "e2e" (both loss figures in the reason) when training with the candidate moves off the reference."""
+        if not self.e2e_due():
+            if self.task.manifest.e2e:
+                self.accepts_since_e2e += 1
+            return verdict
+        inline, self._inline_e2e = self._inline_e2e, None
+        if inline is not None and inline[0] == built.lib:  # run by the gate's own judge, after the timing
+            report, seconds = inline[1], dict(verdict.stage_seconds)
+        else:
+            self._stage("e2e", "started")
+            res, stages = self.run_e2e(built.lib)
+            seconds = {**verdict.stage_seconds, "e2e": round(sum(stages.values()), 3)}
+            report = res.e2e or E2EReport(passed=False, reason=f"the e2e check did not complete: {res.error}")
+            self._stage("e2e", "finished", ok=report.passed, seconds=seconds["e2e"])
+        if report.passed:
+            self.accepts_since_e2e = 0
+            return verdict.model_copy(update=dict(e2e=report, stage_seconds=seconds))
+        return verdict.model_copy(update=dict(
+            accepted=False, stage="e2e", e2e=report, stage_seconds=seconds,
+            reason=f"{report.reason} (every earlier stage passed: {verdict.reason})"))
+
+    def run_e2e(self, lib: str):
+        """The task's e2e check of `lib` in a judge (fresh secret seed): (WorkerResult, its stages)."""
+        cfg = self.task.manifest.e2e
+        req = WorkerRequest(kind="e2e", task_dir=str(self.trusted_dir), libs=[lib], seed=secrets.randbits(62))
+        return self._run_judge(req, timeout=(cfg.timeout_s if cfg else 60) + self.task.manifest.timeout_s)
 
     def _run_judge(self, req: WorkerRequest, timeout: float):
         """The request answered by the pre-started judge (or a fresh one), with the judge's stages:
@@ -329,7 +378,7 @@ class Gate:
         res = run_worker(req, timeout=timeout, standby=self.standby.take())
         wall = time.monotonic() - t0
         self.standby.refill()  # the next decision's judge warms up while the agent works (not on a Ctrl-C)
-        inner = {k: v for k, v in res.stage_seconds.items() if k in ("check", "timing")}
+        inner = {k: v for k, v in res.stage_seconds.items() if k in ("check", "timing", "e2e")}
         stages = {"processes": round(max(0.0, wall - sum(inner.values())), 3), **inner}
         return res, stages
 
@@ -338,20 +387,23 @@ class Gate:
         """The runtime layers on a built library, in ONE judge process: check in the candidate's runner,
         then (against `best`, whose runner starts meanwhile) paired timing."""
         check_seed = secrets.randbits(62)
-        check_shapes = [s.name for s in self.task.check_shapes]
+        planned, planned_rounds = self.task.check_plan("gate")  # the long check (manifest [check])
+        check_shapes = [s.name for s in planned]
+        rounds = max(planned_rounds or 0, self.config.check_rounds)
         self._stage("check", "started")
         if best is None:
             req = WorkerRequest(kind="check", task_dir=str(self.trusted_dir), libs=[built.lib], shapes=check_shapes,
-                                seed=check_seed, rounds=self.config.check_rounds)
+                                seed=check_seed, rounds=rounds)
             res, stages = self._run_judge(req, timeout=self.task.manifest.timeout_s)
         else:
             timing_seed = secrets.randbits(62)
             seconds = max_seconds or self.config.max_seconds
             req = self.ab_request(best.lib, built.lib, timing_seed, max_seconds=seconds, look=look).model_copy(update={
                 "kind": "gate", "seed": check_seed, "timing_seed": timing_seed, "check_shapes": check_shapes,
-                "rounds": self.config.check_rounds})
+                "rounds": rounds, "e2e": self.e2e_due(), "e2e_seed": secrets.randbits(62)})
             res, stages = self._run_judge(req, timeout=2 * self.task.manifest.timeout_s + 4 * seconds + 60)
         ran = dict(stage_seconds=stages, judge=res.standby)
+        self._inline_e2e = (built.lib, res.e2e) if res.e2e is not None else None  # for e2e_stage
         if res.check is None:
             return Verdict(accepted=False, stage="check", build=built, device=res.device, check_seed=check_seed,
                            reason=f"check did not complete: {res.error}", **ran)

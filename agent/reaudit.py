@@ -4,8 +4,9 @@ Each commit of the session branch (`base..kloop/<run-id>`, oldest first) is judg
 parent as the best, by the gate as it is now: scope of the commit's diff, static rules, build, audit
 of what was built, check on fresh secret seeds (the task's adversarial check shapes included), and,
 unless `--no-timing`, paired timing with its integrity layers (timed-output re-checks, physics floor,
-escape/cold probes, the best against its recorded time). A commit that fails any of these would now
-be rejected. The gain is re-judged with today's estimate (the workload's time ratio, tools/stats.py)
+escape/cold probes, the best against its recorded time), then, where the task declares one and
+unless `--no-e2e` (or `--no-timing`), its end-to-end training check (tools/e2e.py; whatever its `when`: an
+audit is what runs before an export). A commit that fails any of these would now be rejected. The gain is re-judged with today's estimate (the workload's time ratio, tools/stats.py)
 and counted apart: a commit whose gain does not hold here is one whose whole interval (at the gate's
 first-look level, so an honest commit is flagged by noise at most that often) lies at or below
 1 + min_gain, or whose shape regressed beyond its allowance: a statistics hole found later (a kernel
@@ -39,7 +40,7 @@ from agent.trailers import parse_trailers
 from agent.workspace import (WorkspaceError, commit_changes, commit_diff, commit_log, commit_parent, file_at,
                              find_repo, resolve_commit)
 
-LAYERS = ("scope", "static", "build", "audit", "check", "timing")
+LAYERS = ("scope", "static", "build", "audit", "check", "timing", "e2e")
 OK, FAIL, NOT_RUN = "ok", "FAIL", "not run"
 
 
@@ -64,6 +65,7 @@ class AuditRow(BaseModel):
     speedup_hi: float | None = None
     verdict_stage: str = ""
     verdict_reason: str = ""
+    e2e: str = ""  # the e2e check's summary line, when it ran (tools/e2e.summary)
     note: str = ""  # what was not run and why, a commit not made by the gate
 
 
@@ -205,7 +207,7 @@ def runnable_upto(target: str, no_timing: bool) -> tuple[str, str]:
 
 
 def audit(target: AuditTarget, no_timing: bool = False, seconds: float | None = None,
-          on_row: Callable[[AuditRow], None] | None = None) -> AuditReport:
+          on_row: Callable[[AuditRow], None] | None = None, e2e: bool = True) -> AuditReport:
     """Today's gate over every commit of `base..branch`, each against its parent (see the module docstring)."""
     from agent.replay import ReplayBench, _export
     from tools.task import TaskError, load_task
@@ -221,12 +223,13 @@ def audit(target: AuditTarget, no_timing: bool = False, seconds: float | None = 
         upto, not_run = runnable_upto(task.target, no_timing)
         report.upto, report.not_run = upto, not_run
         config = target.gate_config.model_copy(update={
+            "e2e": False,  # run below on every commit that passes, whatever the task's `when` says
             **({"max_seconds": seconds} if seconds is not None else {}),
             **({"standby": False} if upto != "timing" or not commits else {})})
         bench = ReplayBench(Path(tmp) / "bench", target.repo, None, config, base_commit=target.base, task_rel=target.task_rel)
         try:
             for c in commits:
-                row = _audit_commit(bench, target, c, upto)
+                row = _audit_commit(bench, target, c, upto, e2e and task.manifest.e2e is not None)
                 if not report.machine and row.verdict_stage and bench.machine:
                     report.machine = bench.machine
                 report.rows.append(row)
@@ -237,7 +240,7 @@ def audit(target: AuditTarget, no_timing: bool = False, seconds: float | None = 
     return report
 
 
-def _audit_commit(bench, target: AuditTarget, c, upto: str) -> AuditRow:
+def _audit_commit(bench, target: AuditTarget, c, upto: str, e2e: bool = False) -> AuditRow:
     trailers = _trailers(c.message)
     attempt = trailers.get("Kloop-Attempt")
     row = AuditRow(commit=c.sha, title=c.summary, attempt=int(attempt) if attempt and attempt.isdigit() else None,
@@ -261,6 +264,8 @@ def _audit_commit(bench, target: AuditTarget, c, upto: str) -> AuditRow:
     bench.upto = used
     v = bench.submit(c.summary)
     _classify(row, v, bench.gate, used)
+    if e2e and not row.rejected and used == "timing" and v.build is not None and v.build.ok and v.build.lib:
+        _e2e(row, bench.gate, v.build.lib)
     row.note = "; ".join(notes)
     bench.adopt()  # the next commit is judged against this one, as on the branch
     return row
@@ -292,13 +297,26 @@ def _classify(row: AuditRow, v: Verdict, gate, upto: str) -> None:
         if problem is not None:
             failed, reason = "timing", problem[1]
         else:
-            for layer in order:
+            for layer in order[:order.index("timing") + 1]:
                 stages[layer] = OK
             _gain(row, v)
     if failed is not None:
         upto_layer(failed)
         row.rejected, row.reason = True, reason
     row.stages = stages
+
+
+def _e2e(row: AuditRow, gate, lib: str) -> None:
+    """The task's e2e training check of the commit's build (a fresh judge and seed)."""
+    from tools.e2e import summary
+
+    res, _ = gate.run_e2e(lib)
+    if res.e2e is None:
+        row.stages["e2e"], row.e2e = FAIL, f"did not complete: {res.error}"
+    else:
+        row.stages["e2e"], row.e2e = (OK if res.e2e.passed else FAIL), summary(res.e2e)
+    if row.stages["e2e"] == FAIL:
+        row.rejected, row.reason = True, f"e2e: {row.e2e}"
 
 
 def _gain(row: AuditRow, v: Verdict) -> None:

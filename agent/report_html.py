@@ -30,7 +30,7 @@ from tools.fmt import fmt_time as _fmt_time
 # one colour per gate stage that can reject; accepted is the staircase's colour
 STAGE_COLORS = {
     "scope": "#7f7f7f", "static": "#8c564b", "build": "#d62728", "check": "#ff7f0e",
-    "timing": "#9467bd", "interrupted": "#bcbd22", "pending": "#17becf", "": "#7f7f7f",
+    "timing": "#9467bd", "e2e": "#e377c2", "interrupted": "#bcbd22", "pending": "#17becf", "": "#7f7f7f",
 }
 ACCEPTED_COLOR = "#2ca02c"
 BASE_COLOR = "#1f77b4"

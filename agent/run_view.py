@@ -68,6 +68,7 @@ class AttemptView:
     patch: str = ""
     patch_truncated: bool = False
     started: str = ""
+    e2e: str = ""  # the end-to-end training check's line, when it ran (tools/e2e.summary)
 
 
 @dataclass
@@ -206,6 +207,17 @@ def _kernels(figures: dict) -> list[KernelFigures]:
     return out
 
 
+def _e2e_line(e2e: Any) -> str:
+    if not isinstance(e2e, dict):
+        return ""
+    from tools.e2e import summary
+
+    try:
+        return summary(e2e)
+    except ValueError:  # a record this version cannot read: say so, never fail the view
+        return "(unreadable e2e figures)"
+
+
 def _shape_timings(ab: Any) -> list[ShapeTiming]:
     """The per-shape paired timings of a verdict's figures; a shape without its two times is left out."""
     out = []
@@ -279,6 +291,7 @@ def load_view(run_dir: Path) -> RunView:
             a.speedup, a.lo, a.hi = _pos(f.get("speedup")), _pos(f.get("speedup_lo")), _pos(f.get("speedup_hi"))
             a.shapes = _shape_timings(f.get("ab"))
             a.kernels = _kernels(f)
+            a.e2e = _e2e_line(f.get("e2e"))
         elif isinstance(ev, rec.Committed) and ev.attempt in by_no:
             by_no[ev.attempt].commit = ev.commit
         elif isinstance(ev, rec.LlmTurn):

@@ -132,6 +132,17 @@ def attempts_from_events(events: list) -> list[Attempt]:
     return [by_no[k] for k in sorted(by_no)]
 
 
+def accepts_since_e2e(attempts: list[Attempt]) -> int:
+    """Accepted attempts since the last one whose verdict ran the e2e check."""
+    n = 0
+    for a in attempts:
+        if a.accepted and a.figures.get("e2e"):
+            n = 0
+        elif a.accepted:
+            n += 1
+    return n
+
+
 log = logging.getLogger(__name__)
 
 
@@ -225,6 +236,7 @@ class Session:
         self.current_attempt: int | None = None
         self.discarded = False  # the run was removed whole (its baseline failed)
         gate.on_stage = self._on_stage
+        gate.accepts_since_e2e = accepts_since_e2e(self.attempts())  # `every:N` counts across a resume
         self.lock: RunLock | None = None  # one process per run: held from start/resume to the end of run()
         self.sandbox: SandboxStatus | None = None  # what isolates untrusted code here (known once opened)
         self.pool = None  # agent/parallel.py JudgePool for submit_batch (None: the session's own gate, serially)
@@ -900,6 +912,13 @@ def evidence_trailers(figures: dict, best: BuildResult | None, run_id: str, numb
         out.append(("Kloop-Device", device_label(dev, clocks=False)))
     if build.get("compiler"):
         out.append(("Kloop-Compiler", str(build["compiler"])))
+    if isinstance(figures.get("e2e"), dict):
+        from tools.e2e import summary
+
+        try:
+            out.append(("Kloop-E2E", summary(figures["e2e"])))
+        except ValueError:  # a malformed record: the commit must still land
+            out.append(("Kloop-E2E", "-"))
     if ab:
         out.append(("Kloop-Timing", f"{ab.get('pairs')} pairs in {ab.get('timing_seconds')} s ({ab.get('stopped_because')})"))
     out.append(("Kloop-Run", run_id))

@@ -129,7 +129,7 @@ def test_an_honest_run_audits_clean(tmp_path):
     assert out["rejected"] == 0 and out["total"] == 1 and out["source"] == "run record"
     row = out["rows"][0]
     assert row["commit"] == s["commits"][0] and row["attempt"] == 1 and not row["rejected"]
-    assert row["stages"] == {"scope": "ok", "static": "ok", "build": "ok", "audit": "ok", "check": "ok", "timing": "not run"}
+    assert row["stages"] == {"scope": "ok", "static": "ok", "build": "ok", "audit": "ok", "check": "ok", "timing": "not run", "e2e": "not run"}
     assert "--no-timing" in out["not_run"] and out["upto"] == "check" and out["summary"] == "0 of 1 accepted commits would now be rejected by the layers run here"
 
 
@@ -305,3 +305,5 @@ def test_a_timed_audit_shows_the_gain_measured_here(tmp_path):
     assert row["verdict_stage"] in ("accepted", "timing", "undecided")
     if row["stages"]["timing"] == "ok":
         assert row["gain"].startswith(("x", "gain not reproduced", "undecided")) and res.exit_code == 0
+        # matmul_cpu declares an e2e check (when = "export"): a timed audit runs it on every commit that passes
+        assert row["stages"]["e2e"] == "ok" and row["e2e"].startswith("pass, last-10 mean loss"), row

@@ -193,7 +193,7 @@ def test_loading_a_spec_writes_nothing_in_the_task_folder(tmp_path):
     task = tmp_path / "matmul_cpu"
     shutil.copytree(MATMUL, task, ignore=shutil.ignore_patterns("__pycache__"))
     load_spec(task / "spec.py")
-    assert sorted(p.name for p in task.iterdir()) == ["matmul.cpp", "spec.py", "task.toml"]
+    assert sorted(p.name for p in task.iterdir()) == ["e2e.py", "matmul.cpp", "spec.py", "task.toml"]
 
 
 def test_optimize_cuda_task_without_gpu_says_where_to_go(tmp_path):

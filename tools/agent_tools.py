@@ -75,7 +75,7 @@ def sass_tool(ctx: SessionPort, args: SassInput) -> ToolResult:
 
 class CheckInput(ToolInput):
     knobs: KnobMap | None = Field(default=None, description="Knob overrides for this check.")
-    shapes: list[str] | None = Field(default=None, description="Only these check shapes (default: all). The gate always checks all, with its own secret inputs.")
+    shapes: list[str] | None = Field(default=None, description="Only these shapes (default: the task's quick check set). The gate always runs its own, longer check (every gate check shape, its rounds) on its own secret inputs.")
 
 
 def check_tool(ctx: SessionPort, args: CheckInput) -> ToolResult:
@@ -85,7 +85,7 @@ def check_tool(ctx: SessionPort, args: CheckInput) -> ToolResult:
     result = _build(ctx, args.knobs)
     if not result.ok:
         return ToolResult(ok=False, text=format_build(result))
-    res = run_check(ctx.task, result.lib, shapes=args.shapes, trusted_dir=ctx.trusted_dir)
+    res = run_check(ctx.task, result.lib, shapes=args.shapes, trusted_dir=ctx.trusted_dir, plan="quick")
     if not res.ok or res.check is None:
         return ToolResult(ok=False, text=f"check could not run: {res.error}")
     return ToolResult(ok=res.check.passed, text=format_check(res.check), data={"passed": res.check.passed})

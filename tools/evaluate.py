@@ -43,13 +43,25 @@ def worker_timeout(task: Task, extra: float = 0.0) -> float:
 
 
 def run_check(task: Task, lib: str, seed: int | None = None, shapes: list[str] | None = None,
-              rounds: int = 2, trusted_dir: Path | None = None, standby: JudgeStandby | None = None) -> WorkerResult:
+              rounds: int | None = None, trusted_dir: Path | None = None, standby: JudgeStandby | None = None,
+              plan: str = "gate") -> WorkerResult:
     """Check `lib` in a fresh worker (or `standby`, a pre-started one); the manifest and spec come
-    from `trusted_dir` (default task.root)."""
+    from `trusted_dir` (default task.root). Unnamed shapes and rounds come from the manifest's check
+    `plan`: "gate" (the long check the gate runs, `kloop eval`) or "quick" (the agent's check tool)."""
+    planned, planned_rounds = task.check_plan("quick" if plan == "quick" else "gate")
     req = WorkerRequest(kind="check", task_dir=str(trusted_dir or task.root), libs=[lib],
-                        shapes=shapes or [s.name for s in task.check_shapes],
-                        seed=secrets.randbits(62) if seed is None else seed, rounds=rounds)
+                        shapes=shapes or [s.name for s in planned],
+                        seed=secrets.randbits(62) if seed is None else seed, rounds=rounds or planned_rounds or 2)
     return run_worker(req, timeout=worker_timeout(task), standby=standby)
+
+
+def run_e2e(task: Task, lib: str, seed: int | None = None, trusted_dir: Path | None = None) -> WorkerResult:
+    """The task's end-to-end training check of `lib` (tools/e2e.py) in a fresh judge: what runs before
+    an export (`e2e.when = "export"`) or by hand."""
+    cfg = task.manifest.e2e
+    req = WorkerRequest(kind="e2e", task_dir=str(trusted_dir or task.root), libs=[lib],
+                        seed=secrets.randbits(62) if seed is None else seed)
+    return run_worker(req, timeout=worker_timeout(task, extra=cfg.timeout_s if cfg else 0))
 
 
 def run_bench(task: Task, lib: str | None, shapes: list[str] | None = None, comparators: bool = True,

@@ -162,10 +162,32 @@ class ABReport(BaseModel):
     stopped_because: str = ""
 
 
+# ---- end to end --------------------------------------------------------------------------------
+
+class E2EReport(BaseModel):
+    """A short training run with the candidate in place of its layer against the same run with the
+    spec's reference (same seed, same data), judged on the loss curve (tools/e2e.py)."""
+
+    passed: bool
+    reason: str
+    steps: int = 0
+    last: int = 0  # the mean is over the last `last` steps
+    bound: float = 0.0  # relative bound on the difference of the means
+    ref_mean: float | None = None
+    cand_mean: float | None = None
+    ref_losses: list[float | None] = Field(default_factory=list)  # None: not finite (JSON has no NaN)
+    cand_losses: list[float | None] = Field(default_factory=list)
+    calls: int = 0  # candidate calls through its runner
+    seconds: float = 0.0  # both runs
+    ref_seconds: float = 0.0
+    cand_seconds: float = 0.0
+
+
 # ---- the envelope -------------------------------------------------------------------------------
 
 class WorkerRequest(BaseModel):
-    kind: Literal["check", "bench", "ab", "gate", "probe"]  # gate: check the candidate, then (if it passes) ab
+    # gate: check the candidate, then (if it passes) ab; e2e: the task's end-to-end training check
+    kind: Literal["check", "bench", "ab", "gate", "probe", "e2e"]
     task_dir: str  # trusted manifest + spec come from here
     libs: list[str] = Field(default_factory=list)  # check/bench: [lib]; ab and gate: [best, candidate]
     shapes: list[str] = Field(default_factory=list)
@@ -187,6 +209,11 @@ class WorkerRequest(BaseModel):
     # timing seed from `seed` in the judge, fresh input sets and its own statistics
     trials: int = 1
     trials_seconds: float = 0.0  # ab with trials > 1: start no new trial after this many seconds (0: no limit)
+    # gate: also run the task's e2e check (tools/e2e.py) in the same judge once the timing's lower bound
+    # clears min_gain (a condition every accept needs): it saves a judge start per accept. The gate
+    # uses it only if the verdict is an accept, and runs a judge of its own when none came back
+    e2e: bool = False
+    e2e_seed: int = 0
 
 
 class WorkerResult(BaseModel):
@@ -204,5 +231,6 @@ class WorkerResult(BaseModel):
     # the judge: "cold" (started for this request), or a pre-started standby (tools/runner.JudgeStandby)
     # that was "ready" (warmed up) or still "warming" when the request was sent
     standby: Literal["cold", "warming", "ready"] = "cold"
+    e2e: E2EReport | None = None
     trials: list[ABReport] = Field(default_factory=list)  # ab with trials > 1: one report per trial
     trial_seconds: list[float] = Field(default_factory=list)  # wall seconds of each trial in the judge

@@ -1,7 +1,7 @@
 """What may change in a task folder: one rule for the gate's scope stage and the agent's file tools.
 
-A candidate may change only files matching the manifest's `editable` globs (never the manifest or
-the spec, whatever the globs say) and `knobs.toml`, which only `submit(knobs=...)` writes (so the
+A candidate may change only files matching the manifest's `editable` globs (never the manifest,
+the spec or the e2e script, whatever the globs say) and `knobs.toml`, which only `submit(knobs=...)` writes (so the
 file tools refuse it). No path may go through a symbolic link.
 """
 
@@ -20,6 +20,8 @@ def change_refusal(task: Task, rel: str, *, by_submit: bool) -> str | None:
         return f"the manifest ({MANIFEST}) is read-only: the gate trusts it"
     if rel == PurePosixPath(task.manifest.spec).as_posix():
         return "the spec is read-only: it holds the reference and the inputs the gate trusts"
+    if task.manifest.e2e and rel == PurePosixPath(task.manifest.e2e.script).as_posix():
+        return "the e2e script is read-only: the gate trusts its model, data and optimiser"
     if rel == KNOBS_FILE:
         return None if by_submit else f"{KNOBS_FILE} is written only by submit(knobs=...), which validates the settings"
     if not task.is_editable(rel):

@@ -122,6 +122,45 @@ class TritonSection(Strict):
     kernels: list[TritonKernel] = Field(min_length=1)
 
 
+class E2E(Strict):
+    """A trusted end-to-end check (tools/e2e.py): a short training run of a small model with the
+    candidate in place of its layer, against the same run with the spec's reference, judged on the
+    loss curve. The script lives in the task folder and is read-only like the spec."""
+
+    script: str = "e2e.py"
+    # when the gate runs it: every accept, every N-th accept (the N-th judges all N changes together),
+    # or only before `kloop export`
+    when: str = Field(default="accept", pattern=r"^(accept|export|every:[1-9][0-9]*)$")
+    steps: int = Field(default=40, ge=2, le=100_000)
+    last: int = Field(default=10, ge=1)  # the verdict compares the mean loss over the last `last` steps
+    bound: float = Field(default=0.01, gt=0, lt=1)  # |mean_cand - mean_ref| <= bound * |mean_ref|
+    # any loss above `diverge` times the reference run's first loss: diverged
+    diverge: float = Field(default=4.0, gt=1)
+    timeout_s: float = Field(default=300, gt=0)
+
+    @model_validator(mode="after")
+    def _window(self) -> "E2E":
+        if self.last > self.steps:
+            raise ValueError(f"last = {self.last} is more than steps = {self.steps}")
+        return self
+
+    def every(self) -> int | None:
+        """N of `every:N` (1 for `accept`), None for `export`."""
+        if self.when == "export":
+            return None
+        return 1 if self.when == "accept" else int(self.when.split(":", 1)[1])
+
+
+class CheckPlan(Strict):
+    """Long checks: the agent's `check` tool runs the quick set, the gate the long one. Unset lists
+    mean every shape with check = true; unset rounds mean the gate's configured rounds (2)."""
+
+    quick: list[str] | None = None
+    gate: list[str] | None = None
+    quick_rounds: int | None = Field(default=None, ge=1, le=64)
+    gate_rounds: int | None = Field(default=None, ge=1, le=64)
+
+
 class Manifest(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
     description: str = ""
@@ -155,6 +194,8 @@ class Manifest(Strict):
     compute_unit: Literal["fp32", "bf16_tensor", "fp8_tensor", "fp64"] = "fp32"
     # target = "triton": the kernels and their launch (required there, refused elsewhere)
     triton: TritonSection | None = None
+    check: CheckPlan = CheckPlan()
+    e2e: E2E | None = None
 
     @field_validator("allowed_symbols")
     @classmethod
@@ -212,6 +253,15 @@ class Manifest(Strict):
             both = sorted(set(k.constexprs) & set(self.knobs))
             if both:
                 raise ValueError(f"triton kernel {k.name!r}: constexprs {both} are knobs too; a knob sets its constexpr")
+        for field in ("quick", "gate"):
+            listed = getattr(self.check, field)
+            if listed is None:
+                continue
+            if not listed:
+                raise ValueError(f"check.{field} is empty: list shape names, or leave it out (every check shape)")
+            unknown = [n for n in listed if n not in names]
+            if unknown:
+                raise ValueError(f"check.{field} names shapes the manifest does not define: {unknown} (shapes: {names})")
         return self
 
 
@@ -256,6 +306,25 @@ class Task:
     @property
     def bench_shapes(self) -> list[Shape]:
         return [s for s in self.manifest.shapes if s.bench]
+
+    def check_plan(self, which: Literal["quick", "gate"]) -> tuple[list[Shape], int | None]:
+        """The shapes and rounds (None: the caller's default) of the agent's quick check or the gate's
+        check (manifest [check]; unset: every check shape). The quick set defaults to the gate's."""
+        plan = self.manifest.check
+        names = plan.gate if which == "gate" or plan.quick is None else plan.quick
+        rounds = plan.gate_rounds if which == "gate" else (plan.quick_rounds or plan.gate_rounds)
+        return ([self.shape(n) for n in names] if names is not None else self.check_shapes), rounds
+
+    @property
+    def e2e_path(self) -> Path | None:
+        return self.root / self.manifest.e2e.script if self.manifest.e2e else None
+
+    def trusted_files(self) -> list[str]:
+        """Task-relative files the gate trusts and no candidate may change: the spec, the e2e script."""
+        out = [self.manifest.spec]
+        if self.manifest.e2e:
+            out.append(self.manifest.e2e.script)
+        return out
 
     def shape(self, name: str) -> Shape:
         for s in self.manifest.shapes:
@@ -403,7 +472,8 @@ def load_task(path: str | Path) -> Task:
         raise TaskError(_format_validation_error(manifest_path, exc)) from None
 
     root = p.resolve()
-    for field, rels in (("spec", [manifest.spec]), ("sources", manifest.sources)):
+    e2e_rel = [manifest.e2e.script] if manifest.e2e else []
+    for field, rels in (("spec", [manifest.spec]), ("sources", manifest.sources), ("e2e.script", e2e_rel)):
         for rel in rels:
             f = (root / rel).resolve()
             if not f.is_relative_to(root):
@@ -411,11 +481,13 @@ def load_task(path: str | Path) -> Task:
             if not f.is_file():
                 raise TaskError(f"{manifest_path}: field {field}: file {rel!r} does not exist in {root}")
     task = Task(root, manifest)
-    if task.is_editable(manifest.spec) or task.is_editable(MANIFEST):
+    if task.is_editable(manifest.spec) or task.is_editable(MANIFEST) or any(task.is_editable(r) for r in e2e_rel):
         raise TaskError(
-            f"{manifest_path}: field editable: {manifest.editable} matches the spec or the manifest, "
-            "which must stay read-only (the gate trusts them)"
+            f"{manifest_path}: field editable: {manifest.editable} matches the spec, the e2e script or the "
+            "manifest, which must stay read-only (the gate trusts them)"
         )
+    if e2e_rel and not e2e_rel[0].endswith(".py"):
+        raise TaskError(f"{manifest_path}: field e2e.script: {e2e_rel[0]!r} must be a Python file (.py)")
     for src in manifest.sources:
         suffix = Path(src).suffix
         if (suffix == ".py") != (manifest.target == "triton"):

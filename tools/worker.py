@@ -77,7 +77,7 @@ class Judge:
 
 def runner_names(kind: str, libs: list[str]) -> list[str]:
     return {"check": ["cand"], "bench": ["cand"] if libs else [], "ab": ["best", "cand"],
-            "gate": ["best", "cand"]}.get(kind, [])
+            "gate": ["best", "cand"], "e2e": ["cand"]}.get(kind, [])
 
 
 def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
@@ -134,6 +134,13 @@ def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
                 if req.kind == "check" or not report.passed:
                     return result(ok=True, check=report)
                 check = report
+            if req.kind == "e2e":
+                from tools.e2e import e2e_in_process
+
+                t2 = time.monotonic()
+                report = e2e_in_process(task, spec, libs[0], req.seed, device, arena)
+                stages["e2e"] = round(time.monotonic() - t2, 3)
+                return result(ok=True, e2e=report)
             if req.kind == "bench":
                 from tools.bench import bench_in_process
 
@@ -164,7 +171,14 @@ def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
                     return result(ok=False, check=check, error=f"timing stopped: {exc}")
                 stages["timing"] = round(time.monotonic() - t2, 3)
                 audit = cpu_audit(runners) if device.type == "cpu" else []
-                return result(ok=True, check=check, ab=reports[0], warnings=audit,
+                e2e = None
+                if req.kind == "gate" and req.e2e and task.manifest.e2e and reports[0].speedup_lo > 1 + req.min_gain:
+                    from tools.e2e import e2e_in_process
+
+                    t2 = time.monotonic()
+                    e2e = e2e_in_process(task, spec, libs[1], req.e2e_seed, device, arena)
+                    stages["e2e"] = round(time.monotonic() - t2, 3)
+                return result(ok=True, check=check, ab=reports[0], warnings=audit, e2e=e2e,
                               trials=reports if trials > 1 else [], trial_seconds=trial_seconds if trials > 1 else [])
             return result(ok=True)  # probe
         finally:
