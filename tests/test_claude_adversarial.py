@@ -273,14 +273,17 @@ def test_unknown_tool_names_are_answered(setup):
 
 def test_enormous_tool_input_and_text(setup):
     api, ctx, calls, policy = setup
-    big = "A" * 3_000_000
-    api.add(Reply([text(big), tool_use("echo", {"text": big})], stop_reason="tool_use"), *done())
+    big, huge = "A" * 1_000_000, "H" * 3_000_000  # ~333k tokens of text; an input of ~1M, more than the window
+    api.add(Reply([text(big), tool_use("echo", {"text": huge})], stop_reason="tool_use"), *done())
     start = time.monotonic()
     assert policy().run(ctx) == "end_turn"
     assert time.monotonic() - start < 10
-    assert calls.names == ["echo"]
-    assert len(last_user(api.requests[1].body)[0]["content"]) <= 12_000  # the tool result is capped
-    assert api.requests[1].body["messages"][1]["content"][1]["input"]["text"] == big  # sent back as it came
+    assert calls.names == []  # refused before it entered the conversation: not run
+    result = last_user(api.requests[1].body)[0]
+    assert result["is_error"] is True and "more than the" in result["content"] and "context window" in result["content"]
+    sent = api.requests[1].body["messages"][1]["content"]
+    assert sent[0]["text"] == big and sent[1]["input"] == {}  # the text as it came; the input not kept
+    assert "refused a" in notes(ctx)
     assert len(json.dumps(ctx.logs)) < 200_000  # the record keeps the start of it
 
 
@@ -386,9 +389,10 @@ def test_absurd_retry_after_gives_up_at_once(setup, after):
     api, ctx, calls, policy = setup
     api.add(Fault(529, headers={"retry-after": after}))
     start = time.monotonic()
-    reason = policy(max_total_wait=60).run(ctx)
+    reason = policy(max_total_wait=30).run(ctx)  # each wait is cut to max_delay (60 s): past the 30 s budget
     assert time.monotonic() - start < 1
     assert reason.startswith("api_error: overloaded: 529") and "retry budget" in reason
+    assert "waiting at most 60 s" in reason
 
 
 def test_a_server_that_never_answers_times_out(setup):
@@ -545,18 +549,39 @@ def test_negative_and_absurd_usage_is_clamped(setup):
              "cache_creation_input_tokens": float("nan"), "cache_creation": {"ephemeral_1h_input_tokens": -1}}
     api.add(Reply([tool_use("echo", {"text": "y"})], stop_reason="tool_use", usage={"input_tokens": True}),
             Reply([tool_use("echo", {"text": "x"})], stop_reason="tool_use", usage=weird),
-            Reply([tool_use("echo", {"text": "z"})], stop_reason="tool_use"))
-    ctx.budget = Budget(max_cost_usd=300)
-    assert policy().run(ctx) == "max_cost"  # the clamped turn is priced high ($200): no room for another
-    first, turn = ctx.events("llm_turn")
+            Reply([tool_use("echo", {"text": "z"})], stop_reason="tool_use"), *done())
+    ctx.budget = Budget(max_cost_usd=5)
+    assert policy().run(ctx) == "end_turn"  # the absurd output count is the API's fault: booked at max_tokens
+    first, turn = ctx.events("llm_turn")[:2]
     assert first["usage"]["input_tokens"] == 0 and "input_tokens=True" in notes(ctx)
-    assert turn["usage"] == {"input_tokens": 0, "output_tokens": MAX_USAGE_TOKENS, "cache_write_tokens": 0,
+    assert turn["usage"] == {"input_tokens": 0, "output_tokens": 4096, "cache_write_tokens": 0,
                              "cache_write_1h_tokens": 0, "cache_read_tokens": 0}
-    assert turn["cost_usd"] == pytest.approx(MAX_USAGE_TOKENS * P.output / 1e6) and turn["cost_usd"] > 0
+    assert turn["cost_usd"] == pytest.approx(4096 * P.output / 1e6) and turn["cost_usd"] > 0
     said = notes(ctx)
     for field in ("input_tokens=-5000", "output_tokens=1000000000000000000000000000000",
                   "cache_read_input_tokens='lots'", "cache_creation_input_tokens=nan"):
         assert field in said
+    (fault,) = [n for n in ctx.events("note") if n["data"].get("fault") == "usage"]
+    assert fault["data"]["turn"] == 2 and fault["data"]["reported"]["output_tokens"] == MAX_USAGE_TOKENS
+
+
+def test_usage_past_what_a_request_can_hold_is_a_fault_not_spend(setup):
+    """10M tokens reported for a request of a few KB: the turn is booked at what the request can
+    have cost (its size and max_tokens), the session goes on, and the run says the API was at fault."""
+    api, ctx, calls, policy = setup
+    absurd = {"input_tokens": 2_000_000, "cache_creation_input_tokens": 8_000_000, "output_tokens": 10}
+    api.add(Reply([tool_use("echo", {"text": "a"})], stop_reason="tool_use", usage=absurd), *done())
+    ctx.budget = Budget(max_cost_usd=5)  # $292 at the reported figures
+    assert policy().run(ctx) == "end_turn"
+    assert calls.names == ["echo"] and len(api.requests) == 3
+    first = ctx.events("llm_turn")[0]
+    booked = sum(first["usage"][k] for k in ("input_tokens", "cache_write_tokens", "cache_write_1h_tokens",
+                                             "cache_read_tokens"))
+    assert booked <= llm.max_input_tokens([ctx.system_prompt(), [], api.requests[0].body["messages"]]) + 50_000
+    assert first["cost_usd"] < 0.2 and ctx.events("policy_stop")[0]["cost_usd"] < 0.3
+    (fault,) = [n for n in ctx.events("note") if n["data"].get("fault") == "usage"]
+    assert fault["data"]["turn"] == 1 and "API fault" in fault["text"] and "10000000 input tokens" in fault["text"]
+    assert fault["data"]["reported"]["cache_write_tokens"] == 8_000_000
 
 
 def test_negative_usage_never_makes_cost_negative(setup):
