@@ -276,12 +276,12 @@ class ClaudePolicy:
             # the request's input: our own high estimate of all of it (3 characters a token) until the
             # API has counted a request, then the previous turn's context as the API counted it (what
             # context editing left) plus our estimate of what was added since; never more than the hard
-            # bound of its size (a token is at least a byte: a count past that is the API's fault)
+            # bound of its size (a token is at least a byte), nor less than what no context edit frees
             full, bound = request_size([system, tools, messages])
-            estimate = full if last is None else min(bound, last.total_input + last.output_tokens
-                                                     + estimate_tokens(messages[seen:]))
+            floor = _floor(full, messages)  # what no context edit can free: a count below it is not believed
+            estimate = full if last is None else max(floor, min(bound, last.total_input + last.output_tokens
+                                                                 + estimate_tokens(messages[seen:])))
             if estimate > room:  # too big for the window: only the API's context editing can make room
-                floor = _floor(full, messages)
                 if floor > room:
                     log("note", text=f"not sent: the next request is about {estimate} tokens of input, and at least "
                                      f"{floor} once every old tool result is cleared; with {self.max_tokens} of output "
@@ -315,6 +315,11 @@ class ClaudePolicy:
                     data={"source": "llm", "turn": turn + 1, "wait_stopped": exc.reason})
                 return end(exc.reason)
             except LLMError as exc:
+                if str(exc).startswith("invalid_request:") and "prompt is too long" in str(exc):
+                    # the API's own check of the window (its count is above our estimate): the same end
+                    log("note", text=f"turn {turn + 1}: the API refused the request as too long for the context "
+                                     f"window: {exc}", data={"source": "llm", "turn": turn + 1})
+                    return end("context_full")
                 return end(f"api_error: {exc}")  # `turn` counts the turns that happened
             turn += 1
             # what a request can have used is bounded by its size and max_tokens: past that, the API's fault
