@@ -101,8 +101,15 @@ class FakeCtx:
         json.dumps(data)  # the run record is JSON: every event must serialise
         self.logs.append((kind, data))
 
+    deadline: float | None = None  # time.monotonic() at which the hours budget is spent (None: no budget)
+
     def stop_reason(self) -> str | None:
+        if self.stop is None and self.deadline is not None and time.monotonic() >= self.deadline:
+            return "max_hours"
         return self.stop
+
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
 
     def events(self, kind: str | None = None) -> list[Any]:
         """The data of the events of one kind; without a kind, the record's events (as Session.events)."""
@@ -119,7 +126,7 @@ def setup(fake_api):
     holder["ctx"] = ctx
 
     def policy(**kw: Any) -> ClaudePolicy:
-        client_kw = {k: kw.pop(k) for k in ("timeout", "max_retries", "max_total_wait") if k in kw}
+        client_kw = {k: kw.pop(k) for k in ("timeout", "max_retries", "max_total_wait", "max_delay") if k in kw}
         client = LLMClient(MODEL, api_key=KEY, base_url=fake_api.base_url, backoff_base=0.01, **client_kw)
         return ClaudePolicy(model=MODEL, max_tokens=kw.pop("max_tokens", 4096), client=client, **kw)
 
@@ -423,6 +430,35 @@ def test_retry_wait_is_bounded(setup):
     reason = policy(max_total_wait=5).run(ctx)
     assert time.monotonic() - start < 2
     assert reason.startswith("api_error: rate_limit: 429 rate_limit_error") and "retry budget" in reason
+
+
+def test_a_retry_after_past_max_hours_ends_at_once_as_max_hours(setup):
+    """A 429 asking for an hour with 36 s left under --max-hours (0.01) and a --retry-max-wait of
+    two hours: the wait is never begun; the session stops as max_hours, saying why."""
+    api, ctx, calls, policy, _ = setup
+    ctx.budget, ctx.deadline = Budget(max_hours=0.01), time.monotonic() + 36
+    api.add(Fault(429, headers={"retry-after": "3600"}), *done())
+    start = time.monotonic()
+    reason = policy(max_total_wait=6 * 3600, max_delay=7200).run(ctx)
+    assert time.monotonic() - start < 10  # not 3600 s, nor the 36 s left
+    assert reason == "max_hours" and len(api.requests) == 1 and ctx.events("llm_retry") == []
+    (note,) = ctx.events("note")
+    assert note["data"]["wait_stopped"] == "max_hours" and "a wait of 3600.0 s" in note["text"]
+
+
+def test_a_stop_during_a_retry_wait_ends_it_at_once(setup):
+    """The first Ctrl-C (the session's flag) ends a wait at its next slice, recorded with its reason."""
+    api, ctx, calls, policy, _ = setup
+    api.add(Fault(529, headers={"retry-after": "600"}), *done())
+    import threading
+    timer = threading.Timer(0.5, lambda: setattr(ctx, "stop", "interrupted"))
+    timer.start()
+    start = time.monotonic()
+    reason = policy(max_total_wait=3600, max_delay=900).run(ctx)
+    assert time.monotonic() - start < 10 and reason == "interrupted"
+    assert len(ctx.events("llm_retry")) == 1 and len(api.requests) == 1
+    assert [n["data"]["wait_stopped"] for n in ctx.events("note")] == ["interrupted"]
+    assert "s still ahead" in ctx.events("note")[0]["text"]
 
 
 def test_retries_are_limited(setup):
