@@ -7,9 +7,33 @@
 
 Stop reasons (the returned string): whatever `ctx.stop_reason()` says (hours, attempts, a signal),
 'max_turns', 'max_cost', 'end_turn' (two turns in a row that end without a tool call), 'refusal',
-'context_full', 'no_progress' (many turns in a row without a tool call: pauses, cut-off texts),
+'context_full', 'no_progress' (many turns in a row without a tool call: pauses, cut-off texts; or
+an empty paused turn), 'max_hours' (also when a retry wait would outlast the hours left),
 'api_error: <kind>: <message>' (see `agent.llm.LLMError`). Whatever the reason, the session keeps
 the branch at best.
+
+Limits held against a hostile or broken API:
+- Waits: every wait between API attempts is at most `max_retry_wait_s` (a `retry-after` too) and is
+  never begun when it would outlast `ctx.seconds_left()` (--max-hours): the session stops as
+  'max_hours' instead. It sleeps in slices that ask `ctx.stop_reason()`, so the first Ctrl-C or
+  SIGTERM ends it at once ('interrupted', with a note saying what wait it ended).
+- The context window (`context_window`, default the model's from `agent.llm.PRICES`): before each
+  request its input is estimated (below); it must leave `max_tokens` of room. If not, the request
+  goes with the hardest context editing (keep one call) when clearing old tool results can make the
+  room, and else it is never sent ('context_full': `kloop resume` starts a fresh conversation from
+  the notes and the ledger). A 400 "prompt is too long" ends the same way. A tool input or result
+  that would not fit in the room left is refused: the call is answered with an error and the input
+  goes back as {} (nothing is bound to it yet: a thinking block binds only what comes before it).
+- The estimate: the API's count of the previous request (usage, after its context editing) plus 3
+  characters a token for what was added since; on the first request 3 characters a token of all of
+  it. Never below what no context edit can free, never above the hard bound (next).
+- Usage: a request cannot have used more input tokens than the UTF-8 bytes of what it sent (plus
+  the API's framing, `agent.llm.max_input_tokens`) nor more output than `max_tokens`; a reported
+  figure past that is an API fault (a note with `fault: usage`, shown in the run and live), and the
+  turn is booked at the bound.
+- Paused turns (`pause_turn`): the paused content goes back as the last assistant message, and the
+  model's continuation is added to that same message (never a second assistant message in a row).
+  An empty paused turn is not sent again (the same request would be paid twice): 'no_progress'.
 
 The server is not trusted (see `agent.llm`): a turn arrives checked, with notes on what was odd
 (logged as 'note' events). At most `max_tool_calls` calls of one turn are run; the others, and
