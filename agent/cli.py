@@ -263,12 +263,30 @@ def _thinking_option(thinking: Optional[str], budget: Optional[int]):
     return thinking
 
 
-def _api_gave_up(reason: str, run_id: str) -> None:
+def run_command(verb: str, run_dir: Path) -> str:
+    """`kloop VERB RUN` as one can paste it here: with --runs-dir when the run is not where that
+    command looks by default (from this directory), paths quoted for the shell."""
+    import shlex
+
+    run_dir = Path(run_dir).resolve()
+    try:
+        default = _runs_root(None).resolve()
+    except Exception:  # noqa: BLE001 - no default to rely on: name the folder
+        default = None
+    where = "" if default == run_dir.parent else f" --runs-dir {shlex.quote(str(run_dir.parent))}"
+    return f"kloop {verb} {shlex.quote(run_dir.name)}{where}"
+
+
+# stop reasons after which `kloop resume` is the way on (a fresh conversation from the notes and the ledger)
+RESUMABLE = ("interrupted", "context_full", "no_progress")
+
+
+def _api_gave_up(reason: str, run_dir: Path) -> None:
     """The API gave up (retries spent, or an error that retrying cannot fix): exit 1, say what next."""
     if reason.startswith("api_error"):
-        err_console.print(f"[bold red]the API gave up[/]: {reason}\nnext: [bold]kloop resume {run_id}[/] "
+        err_console.print(f"[bold red]the API gave up[/]: {escape(reason)}\nnext: [bold]{escape(run_command('resume', run_dir))}[/] "
                           "(the record keeps everything; spent cost and turns count against the budgets)",
-                          highlight=False)
+                          highlight=False, soft_wrap=True)  # never wrapped: the command works as printed
         raise typer.Exit(1)
 
 
@@ -315,7 +333,9 @@ class Progress:
         elif kind == "baseline":
             line = "baseline built, checked and timed"
         elif kind == "llm_retry":
-            line = f"  [yellow]API retry {event.attempt} in {event.wait_s:.1f} s[/]: {event.error[:120]}"
+            line = f"  [yellow]API retry {event.attempt} in {event.wait_s:.1f} s[/]: {escape(event.error[:120])}"
+        elif kind == "note" and isinstance(event.data, dict) and (event.data.get("fault") or event.data.get("wait_stopped")):
+            line = f"  [yellow]{'API fault' if event.data.get('fault') else 'wait ended'}[/]: {escape(event.text[:300])}"
         else:
             return
         err_console.print(line, highlight=False)
@@ -353,8 +373,14 @@ def _run_session(session, policy) -> str:
         fail(str(exc), code=EXIT_FAILURE)
     except KeyboardInterrupt:
         progress.close()
-        err_console.print(f"[yellow]stopped now[/]: the running evaluation was killed and recorded as interrupted. "
-                          f"Continue with: kloop resume {session.record.info.run_id}", highlight=False)
+        # say what was actually running: a gate evaluation (killed, its attempt recorded as interrupted),
+        # or the policy's own step (an API request, a wait, a tool call), or nothing
+        killed = getattr(session, "killed", None)
+        doing = getattr(policy, "doing", None)
+        what = (f"{killed} was killed and recorded as interrupted" if killed else
+                f"{doing} was cut off (no evaluation was running)" if doing else "no evaluation was running")
+        err_console.print(f"[yellow]stopped now[/]: {escape(what)}. Continue with: "
+                          f"{escape(run_command('resume', session.record.dir))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_INTERRUPTED)
     finally:
         progress.close()
@@ -362,10 +388,11 @@ def _run_session(session, policy) -> str:
 
 
 def _finish(session, reason: str) -> None:
-    info = session.record.info
-    _print_log(session.record.dir, as_json=False)
-    err_console.print(f"session ended: {reason}. Review: kloop log {info.run_id}; kloop show {info.run_id}"
-                      + (f"; continue: kloop resume {info.run_id}" if reason == "interrupted" else ""), highlight=False)
+    run_dir = session.record.dir
+    _print_log(run_dir, as_json=False)
+    err_console.print(escape(f"session ended: {reason}. Review: {run_command('log', run_dir)}; {run_command('show', run_dir)}"
+                             + (f"; continue: {run_command('resume', run_dir)}" if reason in RESUMABLE else "")),
+                      highlight=False, soft_wrap=True)
     if reason == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)
 
@@ -380,6 +407,7 @@ def optimize(
     thinking: Optional[str] = typer.Option(None, help="Claude: adaptive (default where the model has it) or off."),
     thinking_budget: Optional[int] = typer.Option(None, help="Claude: extended thinking with this budget in tokens."),
     context_limit: Optional[int] = typer.Option(None, help="Claude: prompt tokens past which the API clears old tool results (default 60% of the window)."),
+    context_window: Optional[int] = typer.Option(None, help="Claude: the model's context window in tokens (default: the model's known one); a request that cannot fit is not sent."),
     retry_hours: Optional[float] = typer.Option(None, help="Claude: hours to ride out API overload and rate limits before giving up (default 10 minutes)."),
     retry_max_wait: Optional[float] = typer.Option(None, help="Claude: longest single wait between API retries, seconds (backoff is exponential with jitter; default 300)."),
     max_turns: Optional[int] = typer.Option(None, help="Claude: most model turns.", callback=_at_least(1, False)),
@@ -411,7 +439,8 @@ def optimize(
              f"builds and audits.", EXIT_FAILURE)
     agent = agent or _default_agent()
     claude = {"max_tokens": max_tokens, "effort": effort, "thinking": _thinking_option(thinking, thinking_budget),
-              "context_limit": context_limit, "retry_hours": retry_hours, "max_retry_wait_s": retry_max_wait}
+              "context_limit": context_limit, "context_window": context_window, "retry_hours": retry_hours,
+              "max_retry_wait_s": retry_max_wait}
     if workers > 1 and ray is None:
         fail("--workers N needs --ray local (or --ray ADDRESS): one judge per device, never two on one")
     policy = make_policy(agent, model, seed, claude, workers=workers)
@@ -433,7 +462,7 @@ def optimize(
     _attach_pool(session, ray, workers)
     reason = _run_session(session, policy)
     _finish(session, reason)
-    _api_gave_up(reason, info.run_id)
+    _api_gave_up(reason, session.record.dir)
 
 
 def _attach_pool(session, ray: Optional[str], workers: int) -> None:
@@ -517,7 +546,7 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
     _attach_pool(session, config.get("ray"), int(config.get("workers") or 1))
     reason = _run_session(session, policy)
     _finish(session, reason)
-    _api_gave_up(reason, info.run_id)
+    _api_gave_up(reason, session.record.dir)
 
 
 @app.command()

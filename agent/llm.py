@@ -13,9 +13,14 @@ check (`LLMClient._turn`) so that whatever it sends, the turn is either usable o
   a repeated tool_use id is dropped; a tool input that is not an object is replaced by {} and its
   call marked not to run (`Turn.rejected`). Each fix is said in `Turn.notes`.
 - Usage: message_delta counts are totals and replace those of message_start; missing counts are
-  0, impossible ones clamped (`read_usage`), so a cost is never negative.
+  0, impossible ones clamped (`read_usage`), so a cost is never negative. What one request can
+  have cost is bounded (`usage_bound`: its input's UTF-8 size, since a token is at least a byte, and
+  `max_tokens`); `bounded_usage` cuts a reported figure past that to the bound and says so.
 - Time: `timeout` bounds silence (connecting, reading, or bytes that never make a whole event),
-  `max_stream_s` one attempt, `max_total_wait` all waits between attempts, `max_retries` attempts.
+  `max_stream_s` one attempt, `max_delay` each wait between attempts (the server's `retry-after`
+  too: a longer one is cut to it), `max_total_wait` all of them, `max_retries` attempts. A caller's
+  `stop` hook is asked before each wait and every `WAIT_SLICE` seconds during it: a reason from it
+  ends the wait at once (`Stopped`), so a signal or a budget never waits out an hour of retry-after.
 
 Retries are ours, not the SDK's (`max_retries=0` there), so that every wait is observable
 (`on_retry`) and bounded in total: 408/409/429/5xx/529, retryable errors sent inside the stream,
@@ -174,12 +179,52 @@ def read_usage(u: Any) -> tuple[Usage, list[str]]:
 
 
 CHARS_PER_TOKEN = 3.0  # fewer than the tokenizer's usual ~3.5-4 for code and English: estimates run high
+# tokens the API adds around what we send (the tool-use system prompt, role and block framing): the
+# hard bound on a request's input is its UTF-8 size plus this
+FRAMING_TOKENS = 8_192
+
+
+def _json(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
 def estimate_tokens(value: Any) -> int:
-    """A high estimate of the tokens of request content (its JSON), for budgets: never the bill."""
-    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-    return int(len(text) / CHARS_PER_TOKEN) + 1
+    """A high estimate of the tokens of request content (its JSON: 3 characters a token, where the
+    tokenizer makes ~3.5-4 of code and English), for budgets and the context window: never the bill."""
+    return int(len(_json(value)) / CHARS_PER_TOKEN) + 1
+
+
+def max_input_tokens(value: Any) -> int:
+    """The most input tokens request content can be: a token is at least one byte of its text, so
+    its UTF-8 size (plus the API's framing) bounds it, whatever the text is."""
+    return len(_json(value).encode("utf-8", "surrogatepass")) + FRAMING_TOKENS
+
+
+def request_size(value: Any) -> tuple[int, int]:
+    """(`estimate_tokens`, `max_input_tokens`) of request content, from one serialisation."""
+    text = _json(value)
+    return int(len(text) / CHARS_PER_TOKEN) + 1, len(text.encode("utf-8", "surrogatepass")) + FRAMING_TOKENS
+
+
+def bounded_usage(usage: Usage, max_input: int, max_output: int) -> tuple[Usage, list[str]]:
+    """`usage` with every input-side count at most `max_input` (the request's size bound, in all)
+    and the output at most `max_output` (its max_tokens), and what was cut: a figure past what the
+    request can have used is the API's fault, never spend."""
+    problems = []
+    if usage.output_tokens > max_output:
+        problems.append(f"output_tokens={usage.output_tokens} past the request's max_tokens {max_output}")
+    if usage.total_input > max_input:
+        problems.append(f"{usage.total_input} input tokens (cache reads and writes included) past the request's "
+                        f"size bound of {max_input}")
+    if not problems:
+        return usage, []
+    left = max_input
+    counts = {}
+    for key in ("cache_write_1h_tokens", "cache_write_tokens", "input_tokens", "cache_read_tokens"):
+        counts[key] = min(getattr(usage, key), left)  # dearest kinds first: what is booked errs high
+        left -= counts[key]
+    return Usage(counts["input_tokens"], min(usage.output_tokens, max_output), counts["cache_write_tokens"],
+                 counts["cache_write_1h_tokens"], counts["cache_read_tokens"]), problems
 
 
 def worst_case_cost(model: str, input_tokens: int, max_tokens: int, ttl: str = "1h", hour_tokens: int = 0) -> float:
@@ -232,6 +277,15 @@ class LLMError(Exception):
     its kind (`authentication: ...`, `rate_limit: ...`, `malformed_response: ...`)."""
 
 
+class Stopped(Exception):
+    """A wait between attempts ended because the caller's `stop` hook gave a reason (a signal, a
+    budget): `reason` is that reason, `detail` what was being waited for."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
 class _Failed(Exception):
     """One attempt failed: `kind` heads the reason, `retry` says whether another attempt may help,
     `after` is the server's retry-after in seconds."""
@@ -265,6 +319,8 @@ _DELTAS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "think
            "signature_delta": ("signature", "signature"), "input_json_delta": ("input", "partial_json")}
 
 RetryHook = Callable[[int, float, str], None]  # (attempt number, seconds to wait, error)
+StopHook = Callable[[float], "str | None"]  # (seconds of the wait still ahead) -> a reason to stop waiting now
+WAIT_SLICE = 0.2  # seconds: how often a wait between attempts asks its stop hook
 
 
 class LLMClient:
@@ -325,10 +381,12 @@ class LLMClient:
         prefix_ttl: str = "5m",
         newest_ttl: str = "5m",
         on_retry: RetryHook | None = None,
+        stop: StopHook | None = None,
         **extra: Any,
     ) -> Turn:
         """Stream one assistant turn and return it whole. Whatever the server does, raises nothing
-        but `LLMError`, once trying again cannot help or the retries are spent. `extra` holds more
+        but `LLMError`, once trying again cannot help or the retries are spent, or `Stopped`, when
+        `stop` ends a wait between attempts (it is asked before and during each). `extra` holds more
         request parameters (thinking, output_config, context_management: the latter goes through
         the beta endpoint with its header). `prefix_ttl`/`newest_ttl`: the cache TTL ("5m" or "1h")
         of the breakpoints on the fixed prefix (tools, system, briefing) and on the newest message."""
@@ -356,20 +414,39 @@ class LLMClient:
                     raise LLMError(reason) from None
                 if self.max_retries is not None and attempt >= self.max_retries:
                     raise LLMError(f"{reason} (gave up after {attempt + 1} attempts)") from None
-                # exponential backoff with jitter, [0.5, 1) x base x 2^attempt, unless the server said
+                # exponential backoff with jitter, [0.5, 1) x base x 2^attempt, unless the server said;
+                # either way never longer than max_delay (a server may ask for an hour, or forever)
                 delay = failed.after
                 if delay is None:
                     delay = min(self.max_delay, self.backoff_base * 2**attempt) * random.uniform(0.5, 1.0)
+                elif delay > self.max_delay:
+                    reason += f" (asked to wait {_short(f'{delay:g}', 20)} s; waiting at most {self.max_delay:g} s)"
+                    delay = self.max_delay
                 if waited + delay > self.max_total_wait:
                     raise LLMError(
                         f"{reason} (gave up: waiting {delay:.1f} s more would pass the "
                         f"{self.max_total_wait:.0f} s retry budget)"
                     ) from None
+                if stop is not None and (why := stop(delay)):  # before anything is said of a wait
+                    raise Stopped(why, f"a wait of {delay:.1f} s before retrying ({reason})") from None
                 attempt += 1
                 if hook is not None:
                     hook(attempt, delay, reason)
-                self._sleep(delay)
+                self._wait(delay, stop, reason)
                 waited += delay
+
+    def _wait(self, seconds: float, stop: StopHook | None, reason: str) -> None:
+        """Sleep `seconds`, in slices of WAIT_SLICE that ask `stop` (a signal handler that only sets
+        a flag returns into the sleep: the slice is what notices it)."""
+        if stop is None:
+            self._sleep(seconds)
+            return
+        left = seconds
+        while left > 0:
+            self._sleep(min(WAIT_SLICE, left))
+            left -= WAIT_SLICE
+            if left > 0 and (why := stop(left)):
+                raise Stopped(why, f"a wait before retrying, {left:.1f} s of {seconds:.1f} s still ahead ({reason})")
 
     def _attempt(self, params: dict[str, Any], attempt: int) -> Turn:
         """One request: the response read (an event stream, or a JSON message) and checked."""

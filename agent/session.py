@@ -229,6 +229,7 @@ class Session:
         self.toolbox: ToolBox = session_toolbox(self.port)  # every agent tool, bound to the port
         self.started = time.monotonic()
         self.interrupted: str | None = None
+        self.killed: str | None = None  # the evaluation a second Ctrl-C killed (None: none was running)
         self.on_event = None  # called with each event after it is recorded (live progress display)
         self.on_interrupt = None  # called with the acknowledgement of a first Ctrl-C (else: stderr)
         self.repairs: list[str] = []  # what `repair` fixed after a kill, for people
@@ -650,6 +651,7 @@ class Session:
             return self.gate.evaluate(Candidate(self.ws.task_path, changed), self.best_build, max_seconds=gate_seconds,
                                       look=look)
         except KeyboardInterrupt:
+            self.killed = f"the gate's evaluation of attempt {number}"  # what a second Ctrl-C stopped, for people
             self.log("verdict", attempt=number, accepted=False, figures={"stage": INTERRUPTED},
                      reason="interrupted: stopped by the user during evaluation (Ctrl-C twice)")
             self.ws.restore(self.best_commit)
@@ -683,6 +685,11 @@ class Session:
         if b.max_attempts is not None and self.attempts_made() >= b.max_attempts:
             return "max_attempts"
         return None
+
+    def seconds_left(self) -> float | None:
+        """Wall seconds left under --max-hours (None: no such budget): a policy caps its waits by it."""
+        b = self.budget
+        return None if b.max_hours is None else b.max_hours * 3600 - (time.monotonic() - self.started)
 
     def system_prompt(self) -> str:
         from agent.briefing import system_prompt

@@ -9,6 +9,7 @@ Each request takes the next item of the script:
     Reply([...], drip=0.05, chunk=8)         # SSE: 8 bytes at a time, 50 ms apart (a slow server)
     Reply([...], stall_after=4)              # SSE: 4 events, then silence, the connection held open
     Reply([...], start_usage={...}, delta_usage={...})   # usage in message_start / message_delta
+    Reply([...], count_input=True)           # usage.input_tokens: the server's count of what the model saw
     Fault(529) / Fault(429, headers={"retry-after-ms": "200"}) / Fault(500)
     Drop()                                   # close the connection without answering
     Hang()                                   # read the request, never answer, hold the connection
@@ -30,8 +31,14 @@ Every request is recorded (`server.requests`: path, lower-cased headers, parsed 
 also checks what the real API would reject (tool_use ids answered by the next user message, ids
 repeated, inputs that are not objects, empty text blocks, more than four cache breakpoints, a 1-hour
 cache breakpoint after a 5-minute one, empty messages, an unknown effort, a thinking budget not
-below max_tokens, thinking turned off on a model where it is always on) and answers 400 like the API
-would. An exhausted script answers 400 as well, so a runaway loop ends instead of hanging.
+below max_tokens, thinking turned off on a model where it is always on, two assistant messages in a
+row) and answers 400 like the API would. With `context_window=N` a prompt of more than N tokens
+(`count_tokens`, after context editing) is refused as the API does ("prompt is too long"). An
+exhausted script answers 400 as well, so a runaway loop ends instead of hanging.
+
+A request that ends with an assistant message (a paused turn sent back, the API's way to continue
+one) gets a reply that continues that message: its thinking blocks are bound to the blocks of that
+message before them, so the client sends it back as one assistant message, the paused part first.
 
 The rules of thinking blocks (platform.claude.com/docs/en/build-with-claude/preserved-thinking/
 prefix-checks) are enforced, content-addressed, across all requests the server saw:
@@ -123,6 +130,7 @@ class Reply:
     start_usage: dict[str, Any] | None = None  # message_start's usage (default: usage, 1 output token)
     delta_usage: dict[str, Any] | None = None  # message_delta's usage (default: the output tokens)
     context_management: dict[str, Any] | None = None  # what context editing did (set by the server)
+    count_input: bool = False  # usage.input_tokens = the server's count of the prompt it saw (after editing)
 
 
 @dataclass
@@ -281,6 +289,9 @@ def request_problems(body: dict[str, Any]) -> list[str]:
             problems.append(f"messages.{i}: empty content")
         if any(b.get("type") == "text" and not b.get("text") for b in (content if isinstance(content, list) else [])):
             problems.append(f"messages.{i}: text content blocks must be non-empty")
+        if m.get("role") == "assistant" and i and messages[i - 1].get("role") == "assistant":
+            problems.append(f"messages.{i}: two assistant messages in a row (a paused turn is continued as the last "
+                            "assistant message, not followed by another)")
         if m.get("role") != "assistant" or not isinstance(content, list):
             continue
         ids = [b["id"] for b in content if b.get("type") == "tool_use"]
@@ -307,8 +318,10 @@ def request_problems(body: dict[str, Any]) -> list[str]:
 
 
 class FakeAnthropic:
-    def __init__(self, script: list[Any] | tuple[Any, ...] = (), validate: bool = True) -> None:
+    def __init__(self, script: list[Any] | tuple[Any, ...] = (), validate: bool = True,
+                 context_window: int | None = None) -> None:
         self.script: deque[Any] = deque(script)
+        self.context_window = context_window  # tokens (count_tokens, after context editing); None: no limit
         self.requests: list[Recorded] = []
         self.validate = validate
         self._lock = threading.Lock()
@@ -410,6 +423,11 @@ class FakeAnthropic:
         before them in the reply as the client will rebuild it)."""
         messages = body.get("messages") or []
         rebuilt = [_rebuilt(b) for b in content]
+        if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+            # the request ends with an assistant message (a paused turn sent back): the reply continues
+            # it, so its blocks are bound to that message's blocks as they come before them in it
+            prior = [_rebuilt(b) for b in _blocks(messages[-1])]
+            messages, rebuilt = messages[:-1], [*prior, *rebuilt]
         with self._lock:
             had = any(b.get("type") in THINKING for b in rebuilt)
             for j, b in enumerate(rebuilt):
@@ -511,6 +529,11 @@ class _Handler(BaseHTTPRequestHandler):
             if fake.validate and (problems := request_problems(body) + _ttl_problems(body)
                                   + _settings_problems(body) + fake.binding_problems(body) + fake.edit_context(rec)):
                 return self._error(400, "; ".join(problems))
+            tokens = fake.count_tokens(body if rec.seen is None else {**body, "messages": rec.seen})  # what the model sees
+            if fake.context_window is not None and tokens > fake.context_window:
+                return self._error(400, f"prompt is too long: {tokens} tokens > {fake.context_window} maximum")
+            if isinstance(item, Reply) and item.count_input:
+                item = replace(item, usage={**item.usage, "input_tokens": tokens})
             if isinstance(item, Drop):
                 return self._drop()
             if isinstance(item, Hang):

@@ -27,7 +27,7 @@ from agent.llm import MAX_USAGE_TOKENS, PRICES, LLMClient, LLMError  # noqa: E40
 from agent.policies.base import Budget  # noqa: E402
 from agent.policies.claude import NUDGE, ClaudePolicy  # noqa: E402
 from tests.fake_anthropic import (  # noqa: E402,F401
-    ECHO, ECHO_AUTH, SSE, Drop, Fault, Hang, Raw, Reply, events, fake_api, text, thinking, tool_use,
+    ECHO, ECHO_AUTH, SSE, Drop, Fault, Hang, Raw, Reply, _canon, events, fake_api, text, thinking, tool_use,
 )
 from tests.test_claude_policy import KEY, MODEL, Calls, FakeCtx, done, last_user, make_toolbox  # noqa: E402
 
@@ -45,7 +45,7 @@ def setup(fake_api):
                **kw: Any) -> ClaudePolicy:
         client = LLMClient(MODEL, api_key=KEY, base_url=fake_api.base_url, backoff_base=0.01, timeout=timeout,
                            max_retries=max_retries, max_stream_s=max_stream_s, max_total_wait=max_total_wait)
-        return ClaudePolicy(model=MODEL, max_tokens=4096, client=client, **kw)
+        return ClaudePolicy(model=MODEL, max_tokens=kw.pop("max_tokens", 4096), client=client, **kw)
 
     return fake_api, ctx, calls, policy
 
@@ -235,6 +235,33 @@ def test_pause_turn_forever_ends_as_no_progress(setup):
     api.add(*[Reply([text("searching")], stop_reason="pause_turn") for _ in range(12)])
     assert policy().run(ctx) == "no_progress"
     assert len(api.requests) == 10
+    assert [m["role"] for m in api.requests[-1].body["messages"]] == ["user", "assistant"]  # one turn, continued
+
+
+def test_paused_turns_are_continued_in_place(setup):
+    """The API's rule for a paused turn: send its content back as the last assistant message and let
+    the model continue it; the continuation belongs to the same message (its thinking is bound to the
+    paused blocks before it). Never two assistant messages in a row."""
+    api, ctx, calls, policy = setup
+    call = tool_use("echo", {"text": "after the pauses"})
+    api.add(Reply([thinking("look", "sig-p1"), text("Searching...")], stop_reason="pause_turn"),
+            Reply([thinking("more", "sig-p2"), text("Still searching...")], stop_reason="pause_turn"),
+            Reply([thinking("found", "sig-p3"), call], stop_reason="tool_use"), *done())
+    assert policy().run(ctx) == "end_turn"
+    assert calls.names == ["echo"] and all(r.status == 200 for r in api.requests)
+    roles = [[m["role"] for m in r.body["messages"]] for r in api.requests]
+    assert roles[:4] == [["user"], ["user", "assistant"], ["user", "assistant"], ["user", "assistant", "user"]]
+    turn = api.requests[3].body["messages"][1]["content"]
+    assert [b.get("signature") or b["type"] for b in turn] == ["sig-p1", "text", "sig-p2", "text", "sig-p3", "tool_use"]
+    assert last_user(api.requests[3].body)[0]["tool_use_id"] == call["id"]
+
+
+def test_an_empty_paused_turn_is_not_paid_twice(setup):
+    api, ctx, calls, policy = setup
+    api.add(*[Reply([], stop_reason="pause_turn") for _ in range(10)])
+    assert policy().run(ctx) == "no_progress"
+    assert len(api.requests) == 1 and len(ctx.events("llm_turn")) == 1  # the same request is not sent again
+    assert "an empty paused turn" in notes(ctx)
 
 
 # -- tool calls ---------------------------------------------------------------------------------------
@@ -273,14 +300,17 @@ def test_unknown_tool_names_are_answered(setup):
 
 def test_enormous_tool_input_and_text(setup):
     api, ctx, calls, policy = setup
-    big = "A" * 3_000_000
-    api.add(Reply([text(big), tool_use("echo", {"text": big})], stop_reason="tool_use"), *done())
+    big, huge = "A" * 1_000_000, "H" * 3_000_000  # ~333k tokens of text; an input of ~1M, more than the window
+    api.add(Reply([text(big), tool_use("echo", {"text": huge})], stop_reason="tool_use"), *done())
     start = time.monotonic()
     assert policy().run(ctx) == "end_turn"
     assert time.monotonic() - start < 10
-    assert calls.names == ["echo"]
-    assert len(last_user(api.requests[1].body)[0]["content"]) <= 12_000  # the tool result is capped
-    assert api.requests[1].body["messages"][1]["content"][1]["input"]["text"] == big  # sent back as it came
+    assert calls.names == []  # refused before it entered the conversation: not run
+    result = last_user(api.requests[1].body)[0]
+    assert result["is_error"] is True and "more than the" in result["content"] and "context window" in result["content"]
+    sent = api.requests[1].body["messages"][1]["content"]
+    assert sent[0]["text"] == big and sent[1]["input"] == {}  # the text as it came; the input not kept
+    assert "refused a" in notes(ctx)
     assert len(json.dumps(ctx.logs)) < 200_000  # the record keeps the start of it
 
 
@@ -386,9 +416,10 @@ def test_absurd_retry_after_gives_up_at_once(setup, after):
     api, ctx, calls, policy = setup
     api.add(Fault(529, headers={"retry-after": after}))
     start = time.monotonic()
-    reason = policy(max_total_wait=60).run(ctx)
+    reason = policy(max_total_wait=30).run(ctx)  # each wait is cut to max_delay (60 s): past the 30 s budget
     assert time.monotonic() - start < 1
     assert reason.startswith("api_error: overloaded: 529") and "retry budget" in reason
+    assert "waiting at most 60 s" in reason
 
 
 def test_a_server_that_never_answers_times_out(setup):
@@ -545,18 +576,39 @@ def test_negative_and_absurd_usage_is_clamped(setup):
              "cache_creation_input_tokens": float("nan"), "cache_creation": {"ephemeral_1h_input_tokens": -1}}
     api.add(Reply([tool_use("echo", {"text": "y"})], stop_reason="tool_use", usage={"input_tokens": True}),
             Reply([tool_use("echo", {"text": "x"})], stop_reason="tool_use", usage=weird),
-            Reply([tool_use("echo", {"text": "z"})], stop_reason="tool_use"))
-    ctx.budget = Budget(max_cost_usd=300)
-    assert policy().run(ctx) == "max_cost"  # the clamped turn is priced high ($200): no room for another
-    first, turn = ctx.events("llm_turn")
+            Reply([tool_use("echo", {"text": "z"})], stop_reason="tool_use"), *done())
+    ctx.budget = Budget(max_cost_usd=5)
+    assert policy().run(ctx) == "end_turn"  # the absurd output count is the API's fault: booked at max_tokens
+    first, turn = ctx.events("llm_turn")[:2]
     assert first["usage"]["input_tokens"] == 0 and "input_tokens=True" in notes(ctx)
-    assert turn["usage"] == {"input_tokens": 0, "output_tokens": MAX_USAGE_TOKENS, "cache_write_tokens": 0,
+    assert turn["usage"] == {"input_tokens": 0, "output_tokens": 4096, "cache_write_tokens": 0,
                              "cache_write_1h_tokens": 0, "cache_read_tokens": 0}
-    assert turn["cost_usd"] == pytest.approx(MAX_USAGE_TOKENS * P.output / 1e6) and turn["cost_usd"] > 0
+    assert turn["cost_usd"] == pytest.approx(4096 * P.output / 1e6) and turn["cost_usd"] > 0
     said = notes(ctx)
     for field in ("input_tokens=-5000", "output_tokens=1000000000000000000000000000000",
                   "cache_read_input_tokens='lots'", "cache_creation_input_tokens=nan"):
         assert field in said
+    (fault,) = [n for n in ctx.events("note") if n["data"].get("fault") == "usage"]
+    assert fault["data"]["turn"] == 2 and fault["data"]["reported"]["output_tokens"] == MAX_USAGE_TOKENS
+
+
+def test_usage_past_what_a_request_can_hold_is_a_fault_not_spend(setup):
+    """10M tokens reported for a request of a few KB: the turn is booked at what the request can
+    have cost (its size and max_tokens), the session goes on, and the run says the API was at fault."""
+    api, ctx, calls, policy = setup
+    absurd = {"input_tokens": 2_000_000, "cache_creation_input_tokens": 8_000_000, "output_tokens": 10}
+    api.add(Reply([tool_use("echo", {"text": "a"})], stop_reason="tool_use", usage=absurd), *done())
+    ctx.budget = Budget(max_cost_usd=5)  # $292 at the reported figures
+    assert policy().run(ctx) == "end_turn"
+    assert calls.names == ["echo"] and len(api.requests) == 3
+    first = ctx.events("llm_turn")[0]
+    booked = sum(first["usage"][k] for k in ("input_tokens", "cache_write_tokens", "cache_write_1h_tokens",
+                                             "cache_read_tokens"))
+    assert booked <= llm.max_input_tokens([ctx.system_prompt(), [], api.requests[0].body["messages"]]) + 50_000
+    assert first["cost_usd"] < 0.2 and ctx.events("policy_stop")[0]["cost_usd"] < 0.3
+    (fault,) = [n for n in ctx.events("note") if n["data"].get("fault") == "usage"]
+    assert fault["data"]["turn"] == 1 and "API fault" in fault["text"] and "10000000 input tokens" in fault["text"]
+    assert fault["data"]["reported"]["cache_write_tokens"] == 8_000_000
 
 
 def test_negative_usage_never_makes_cost_negative(setup):
@@ -565,3 +617,55 @@ def test_negative_usage_never_makes_cost_negative(setup):
     assert policy().run(ctx) == "end_turn"
     costs = [t["cost_usd"] for t in ctx.events("llm_turn")]
     assert costs[0] == 0 and costs[1] > 0 and ctx.events("policy_stop")[0]["cost_usd"] == costs[1]
+
+
+# -- the context window -------------------------------------------------------------------------------
+
+
+def test_a_request_that_cannot_fit_the_window_is_not_sent(setup):
+    """Texts (never cleared) grow past a 60k-token window: the request that cannot fit is never sent
+    (the fake refuses a prompt past its window with a 400, as the API does), and the session ends as
+    context_full, not as an API error nor as max_cost."""
+    api, ctx, calls, policy = setup
+    api.context_window = 60_000
+    api.add(*[Reply([text(f"{i}: " + "T" * 45_000), tool_use("echo", {"text": str(i)})], stop_reason="tool_use")
+              for i in range(8)])
+    ctx.budget = Budget(max_cost_usd=5)
+    assert policy(context_window=60_000).run(ctx) == "context_full"
+    assert all(r.status == 200 for r in api.requests) and 2 <= len(api.requests) < 8
+    (note,) = [n for n in ctx.events("note") if n["text"].startswith("not sent")]
+    assert note["data"]["floor"] + 4096 > 60_000 and "cannot fit" in note["text"]
+
+
+def test_context_editing_makes_room_before_the_window_is_given_up(setup):
+    """Old tool results (clearable by the API) fill the window: the request goes out with the hard
+    clearing (keep one call), and the session goes on."""
+    api, ctx, calls, policy = setup
+    api.context_window = 40_000
+    api.add(*[Reply([tool_use("echo", {"text": "R" * 11_000})], stop_reason="tool_use", count_input=True)
+              for _ in range(5)], *done())
+    api.count_tokens = lambda body: len(_canon([body.get("system"), body.get("tools"), body.get("messages")])) // 3
+    assert policy(context_window=40_000, context_limit=30_000).run(ctx) == "end_turn"
+    assert all(r.status == 200 for r in api.requests)
+    edits = [r.body["context_management"]["edits"][-1] for r in api.requests]
+    assert any(e["keep"]["value"] == 1 for e in edits)  # cleared hard when the full history would not fit
+    assert any(r.applied for r in api.requests)  # and the fake's context editing did clear
+
+
+def test_a_prompt_too_long_from_the_api_ends_as_context_full(setup):
+    api, ctx, calls, policy = setup
+    api.add(Fault(400, message="prompt is too long: 1750000 tokens > 1000000 maximum"))
+    assert policy().run(ctx) == "context_full"
+    assert "too long for the context window" in notes(ctx)
+
+
+def test_a_tool_result_that_would_not_fit_is_refused(setup):
+    api, ctx, calls, policy = setup
+    api.count_tokens = lambda body: len(_canon([body.get("system"), body.get("tools"), body.get("messages")])) // 2
+    api.context_window = 9_000  # a tokenizer denser than our estimate: 2 characters a token
+    api.add(Reply([tool_use("echo", {"text": "E" * 11_900})], stop_reason="tool_use"), *done())
+    assert policy(context_window=9_000, max_tokens=2048).run(ctx) == "end_turn"
+    assert calls.names == ["echo"] and all(r.status == 200 for r in api.requests)
+    result = last_user(api.requests[1].body)[0]
+    assert result["is_error"] is True and "the result of echo is about" in result["content"]
+    assert (tc := ctx.events("tool_call")[0])["ok"] is False and "not kept" in tc["text"]

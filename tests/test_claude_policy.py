@@ -101,8 +101,15 @@ class FakeCtx:
         json.dumps(data)  # the run record is JSON: every event must serialise
         self.logs.append((kind, data))
 
+    deadline: float | None = None  # time.monotonic() at which the hours budget is spent (None: no budget)
+
     def stop_reason(self) -> str | None:
+        if self.stop is None and self.deadline is not None and time.monotonic() >= self.deadline:
+            return "max_hours"
         return self.stop
+
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
 
     def events(self, kind: str | None = None) -> list[Any]:
         """The data of the events of one kind; without a kind, the record's events (as Session.events)."""
@@ -119,7 +126,7 @@ def setup(fake_api):
     holder["ctx"] = ctx
 
     def policy(**kw: Any) -> ClaudePolicy:
-        client_kw = {k: kw.pop(k) for k in ("timeout", "max_retries", "max_total_wait") if k in kw}
+        client_kw = {k: kw.pop(k) for k in ("timeout", "max_retries", "max_total_wait", "max_delay") if k in kw}
         client = LLMClient(MODEL, api_key=KEY, base_url=fake_api.base_url, backoff_base=0.01, **client_kw)
         return ClaudePolicy(model=MODEL, max_tokens=kw.pop("max_tokens", 4096), client=client, **kw)
 
@@ -277,18 +284,20 @@ def test_max_turns(setup):
 
 def test_max_cost_stops_before_a_request_whose_worst_case_would_pass_it(setup):
     api, ctx, calls, policy, _ = setup
-    usage = {"input_tokens": 10_000, "output_tokens": 1_000}  # $0.04 + $0.02 = $0.06 a turn on Opus 5.5
-    # worst case of the next request: ~11,000 input tokens all written to the cache ($5/MTok) + 4,096
-    # output ($20/MTok) = ~$0.137; after 3 turns ($0.18) that would pass $0.30
-    ctx.budget = Budget(max_cost_usd=0.30)
+    usage = {"input_tokens": 5_000, "output_tokens": 1_000}  # $0.02 + $0.02 = $0.04 a turn on Opus 5.5
+    # worst case of the next request: ~6,000 input tokens all written to the cache ($5/MTok) + 4,096
+    # output ($20/MTok) = ~$0.112; after 3 turns ($0.12) that would pass $0.20. (5,000 input tokens is
+    # within what these small requests can hold: their size plus the API's framing.)
+    ctx.budget = Budget(max_cost_usd=0.20)
     api.add(*[Reply([tool_use("echo", {"text": "x"})], stop_reason="tool_use", usage=usage) for _ in range(6)])
     assert policy().run(ctx) == "max_cost"
     assert len(api.requests) == 3 and api.remaining == 3  # the fourth request was never sent
-    assert ctx.events("policy_stop")[0]["cost_usd"] == pytest.approx(0.18)
+    assert ctx.events("policy_stop")[0]["cost_usd"] == pytest.approx(0.12)
     (note,) = [n for n in ctx.events("note") if "not sent" in n["text"]]
-    assert 0.18 + note["data"]["worst_usd"] > 0.30 and note["data"]["input_estimate"] >= 11_000
+    assert 0.12 + note["data"]["worst_usd"] > 0.20 and note["data"]["input_estimate"] >= 6_000
     est, hour = note["data"]["input_estimate"], note["data"]["hour_tokens"]  # the fixed prefix: 1-hour writes
     assert 0 < hour < 2_000 and note["data"]["worst_usd"] == pytest.approx((hour * 8 + (est - hour) * 5 + 4096 * 20) / 1e6)
+    assert not [n for n in ctx.events("note") if "fault" in n["data"]]
 
 
 def test_a_first_request_that_could_pass_max_cost_is_not_sent(setup):
@@ -423,6 +432,35 @@ def test_retry_wait_is_bounded(setup):
     assert reason.startswith("api_error: rate_limit: 429 rate_limit_error") and "retry budget" in reason
 
 
+def test_a_retry_after_past_max_hours_ends_at_once_as_max_hours(setup):
+    """A 429 asking for an hour with 36 s left under --max-hours (0.01) and a --retry-max-wait of
+    two hours: the wait is never begun; the session stops as max_hours, saying why."""
+    api, ctx, calls, policy, _ = setup
+    ctx.budget, ctx.deadline = Budget(max_hours=0.01), time.monotonic() + 36
+    api.add(Fault(429, headers={"retry-after": "3600"}), *done())
+    start = time.monotonic()
+    reason = policy(max_total_wait=6 * 3600, max_delay=7200).run(ctx)
+    assert time.monotonic() - start < 10  # not 3600 s, nor the 36 s left
+    assert reason == "max_hours" and len(api.requests) == 1 and ctx.events("llm_retry") == []
+    (note,) = ctx.events("note")
+    assert note["data"]["wait_stopped"] == "max_hours" and "a wait of 3600.0 s" in note["text"]
+
+
+def test_a_stop_during_a_retry_wait_ends_it_at_once(setup):
+    """The first Ctrl-C (the session's flag) ends a wait at its next slice, recorded with its reason."""
+    api, ctx, calls, policy, _ = setup
+    api.add(Fault(529, headers={"retry-after": "600"}), *done())
+    import threading
+    timer = threading.Timer(0.5, lambda: setattr(ctx, "stop", "interrupted"))
+    timer.start()
+    start = time.monotonic()
+    reason = policy(max_total_wait=3600, max_delay=900).run(ctx)
+    assert time.monotonic() - start < 10 and reason == "interrupted"
+    assert len(ctx.events("llm_retry")) == 1 and len(api.requests) == 1
+    assert [n["data"]["wait_stopped"] for n in ctx.events("note")] == ["interrupted"]
+    assert "s still ahead" in ctx.events("note")[0]["text"]
+
+
 def test_retries_are_limited(setup):
     api, ctx, calls, policy, _ = setup
     api.add(*[Fault(500) for _ in range(3)])
@@ -500,18 +538,20 @@ def test_old_tool_results_are_cleared_by_the_api_and_memory_reinjected(setup):
 
 def test_context_window_exceeded_clears_harder_or_stops(setup):
     api, ctx, calls, policy, _ = setup
-    full = {"input_tokens": 900_000, "output_tokens": 100}
-    api.add(Reply([tool_use("echo", {"text": "big"})], stop_reason="tool_use"),
+    full = {"input_tokens": 45_000, "output_tokens": 100}  # near the 50k window; the requests can hold that much
+    api.add(Reply([tool_use("echo", {"text": "B" * 60_000})], stop_reason="tool_use"),
             Reply([text("...")], stop_reason="model_context_window_exceeded", usage=full), *done())
-    assert policy().run(ctx) == "end_turn"
+    assert policy(context_window=50_000).run(ctx) == "end_turn"
     normal = api.requests[1].body["context_management"]["edits"][1]
-    assert normal["trigger"]["value"] == 600_000 and normal["keep"]["value"] == 3  # 60% of Opus 5.5's 1M
+    assert normal["trigger"]["value"] == 30_000 and normal["keep"]["value"] == 3  # 60% of the window
     harder = api.requests[2].body["context_management"]["edits"][1]
-    assert harder["trigger"]["value"] == 450_050 and harder["keep"]["value"] == 1
-    assert api.requests[3].body["context_management"]["edits"][1]["trigger"]["value"] == 600_000  # back to normal
+    assert harder["trigger"]["value"] == 22_550 and harder["keep"]["value"] == 1
+    assert api.requests[3].body["context_management"]["edits"][1]["trigger"]["value"] == 30_000  # back to normal
+    assert not [n for n in ctx.events("note") if "fault" in n["data"]]
 
-    api.add(*[Reply([text("...")], stop_reason="model_context_window_exceeded", usage=full)] * 2)
-    assert policy().run(ctx) == "context_full"  # clearing harder cleared nothing
+    api.add(Reply([tool_use("echo", {"text": "B" * 60_000})], stop_reason="tool_use"),
+            *[Reply([text("...")], stop_reason="model_context_window_exceeded", usage=full)] * 2)
+    assert policy(context_window=50_000).run(ctx) == "context_full"  # clearing harder cleared nothing
 
 
 def test_thinking_effort_and_max_tokens_are_sent_as_asked(setup):
@@ -656,11 +696,14 @@ def test_long_overloads_are_ridden_out_within_retry_hours(setup, monkeypatch):
     p = ClaudePolicy(model=MODEL, retry_hours=6, max_retry_wait_s=900)
     made = p._client()  # the client a long unattended run gets
     assert (made.max_retries, made.max_total_wait, made.max_delay) == (None, 6 * 3600, 900)
-    waits: list[float] = []
+    slept: list[float] = []
     client = LLMClient(MODEL, api_key=KEY, base_url=api.base_url, max_retries=None, max_total_wait=6 * 3600,
-                       max_delay=900, sleep=waits.append)  # waits recorded, not slept
+                       max_delay=900, sleep=slept.append)  # waits recorded (in their slices), not slept
     api.add(*[Fault(529)] * 20, *done())  # more than the default 8 retries
     assert ClaudePolicy(model=MODEL, max_tokens=4096, client=client).run(ctx) == "end_turn"
+    waits = [e["wait_s"] for e in ctx.events("llm_retry")]
     assert len(waits) == 20 and max(waits) <= 900 and sum(waits) <= 6 * 3600
+    assert sum(slept) == pytest.approx(sum(waits), abs=0.01 * len(waits))  # each wait slept whole, in slices
+    assert max(slept) <= 0.2  # slices that notice a stop
     assert waits[12] > waits[2]  # exponential, with jitter, capped per wait
     assert [e["attempt"] for e in ctx.events("llm_retry")] == list(range(1, 21))

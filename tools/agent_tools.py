@@ -23,6 +23,20 @@ def _build(ctx: SessionPort, knobs: KnobMap | None):
     return build(ctx.task, knobs or None, src_root=ctx.files_root)
 
 
+def _loadable(ctx: SessionPort, knobs: KnobMap | None):
+    """The build of the candidate for a tool that loads it, or a ToolResult saying why not: a failed
+    build, or (without a sandbox) one the gate's audit refuses (tools.evaluate.unsandboxed_refusal)."""
+    from tools.evaluate import unsandboxed_refusal
+
+    result = _build(ctx, knobs)
+    if not result.ok:
+        return None, ToolResult(ok=False, text=format_build(result))
+    refused = unsandboxed_refusal(ctx.task, result)
+    if refused:
+        return None, ToolResult(ok=False, text=refused, data={"refused": "audit"})
+    return result, None
+
+
 # ---- build --------------------------------------------------------------------------------------
 
 class BuildInput(ToolInput):
@@ -82,9 +96,9 @@ def check_tool(ctx: SessionPort, args: CheckInput) -> ToolResult:
     from tools.check import format_check
     from tools.evaluate import run_check
 
-    result = _build(ctx, args.knobs)
-    if not result.ok:
-        return ToolResult(ok=False, text=format_build(result))
+    result, refused = _loadable(ctx, args.knobs)
+    if refused:
+        return refused
     res = run_check(ctx.task, result.lib, shapes=args.shapes, trusted_dir=ctx.trusted_dir, plan="quick")
     if not res.ok or res.check is None:
         return ToolResult(ok=False, text=f"check could not run: {res.error}")
@@ -102,9 +116,9 @@ def bench_tool(ctx: SessionPort, args: BenchInput) -> ToolResult:
     from tools.bench import format_bench
     from tools.evaluate import run_bench
 
-    result = _build(ctx, args.knobs)
-    if not result.ok:
-        return ToolResult(ok=False, text=format_build(result))
+    result, refused = _loadable(ctx, args.knobs)
+    if refused:
+        return refused
     res = run_bench(ctx.task, result.lib, shapes=args.shapes, comparators=args.comparators,
                     seconds_per_shape=args.seconds, trusted_dir=ctx.trusted_dir)
     if not res.ok or res.bench is None:
@@ -194,9 +208,9 @@ def profile_tool(ctx: SessionPort, args: ProfileInput) -> ToolResult:
     task = ctx.task
     if not task.on_gpu:
         return ToolResult(ok=False, text="profile: unavailable for CPU tasks (ncu profiles CUDA kernels)")
-    result = _build(ctx, args.knobs)
-    if not result.ok:
-        return ToolResult(ok=False, text=format_build(result))
+    result, refused = _loadable(ctx, args.knobs)
+    if refused:
+        return refused
     shape = args.shape or task.bench_shapes[0].name
     task.shape(shape)
     regex = "|".join(dict.fromkeys(k.mangled.split("[")[0] for k in result.kernels)) or None  # a Triton variant: its kernel

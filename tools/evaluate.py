@@ -104,6 +104,23 @@ def audit_of(task: Task, built: BuildResult) -> tuple[AuditReport | None, str | 
         return None, str(exc)
 
 
+def unsandboxed_refusal(task: Task, built: BuildResult) -> str | None:
+    """Why a built candidate must not be loaded here, or None. Without a sandbox its code runs with
+    the user's rights, so the tools that load it (check, bench, sweep, profile) first run the gate's
+    audit of what was built and load nothing the gate would refuse. With a sandbox the runner is
+    the boundary, and the audit is left to `build` and the gate."""
+    from tools.audit import audit_line
+    from tools.sandbox import status
+
+    if status().available:
+        return None
+    audit, error = audit_of(task, built)
+    if audit is not None and audit.ok:
+        return None
+    return ("not run: there is no sandbox on this host (" + status().reason + "), so candidate code is loaded only "
+            "when the gate's audit of what was built passes, and this build fails it; " + audit_line(audit, error))
+
+
 def evaluate(task: Task, knobs: dict[str, KnobValue] | None = None, src_root: Path | None = None,
              seed: int | None = None, check: bool = True, bench: bool = True, comparators: bool = True,
              shapes: list[str] | None = None, bench_seconds: float = BENCH_SECONDS_PER_SHAPE) -> EvalReport:

@@ -19,7 +19,7 @@ from tools.task import KnobValue, Task, TaskError
 from tools import stats
 from tools.build import build
 from tools.fmt import fmt_ms
-from tools.evaluate import run_bench
+from tools.evaluate import run_bench, unsandboxed_refusal
 
 
 class SweepRow(BaseModel):
@@ -107,6 +107,9 @@ def _time_one(task: Task, knobs, consts, result, error, trusted_dir, shapes, sec
     if result is None or not result.ok:
         return SweepRow(knobs=full, defines=consts, ok=False,
                         error=error or (result.error_text()[:500] if result else ""))
+    refused = unsandboxed_refusal(task, result)  # no sandbox: nothing the gate's audit refuses is loaded
+    if refused:
+        return SweepRow(knobs=full, defines=consts, ok=False, error=refused[:500])
     res = run_bench(task, result.lib, shapes=shapes, comparators=False, seconds_per_shape=seconds_per_shape,
                     trusted_dir=trusted_dir)
     row = SweepRow(knobs=full, defines=consts, ok=res.ok and res.bench is not None,

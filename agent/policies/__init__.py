@@ -25,8 +25,8 @@ class PolicySpec:
     interactive: bool = True  # can drive `kloop optimize` (replay re-runs a recorded session instead)
 
 
-CLAUDE_SETTINGS = ("max_tokens", "effort", "thinking", "context_limit", "keep_tool_results", "retry_hours",
-                   "max_retry_wait_s")
+CLAUDE_SETTINGS = ("max_tokens", "effort", "thinking", "context_limit", "context_window", "keep_tool_results",
+                   "retry_hours", "max_retry_wait_s")
 
 
 def _claude(model: str | None = None, claude: dict | None = None, **_: Any) -> Policy:

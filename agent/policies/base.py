@@ -64,6 +64,9 @@ class PolicyContext(Protocol):
     def stop_reason(self) -> str | None:
         """Why the session must stop now (budget of hours or attempts spent, a signal), else None."""
 
+    def seconds_left(self) -> float | None:
+        """Wall seconds left under the hours budget (None: none): no wait should outlast it."""
+
 
 class PolicyFacade:
     """The `PolicyContext` a session hands its policy: tools, budget, briefing, memory, log, stop reason."""
@@ -77,7 +80,7 @@ class PolicyFacade:
         raise AttributeError(f"the policy facade is read-only ({name!r})")
 
     def __repr__(self) -> str:
-        return "PolicyFacade(toolbox, budget, system_prompt, briefing, memory, attempts_made, attempts, events, log, stop_reason)"
+        return "PolicyFacade(toolbox, budget, system_prompt, briefing, memory, attempts_made, attempts, events, log, stop_reason, seconds_left)"
 
     @property
     def toolbox(self) -> ToolBox:
@@ -110,6 +113,9 @@ class PolicyFacade:
 
     def stop_reason(self) -> str | None:
         return self._session.stop_reason()
+
+    def seconds_left(self) -> float | None:
+        return self._session.seconds_left()
 
     def log(self, kind: str, **data: Any) -> None:
         if kind not in POLICY_EVENTS:
