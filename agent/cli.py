@@ -505,7 +505,7 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
         raise
     spent = session.spent_before
     err_console.print(f"resuming run [bold]{info.run_id}[/]: task {info.task}, policy {policy.name}, branch {info.branch}; "
-                      f"{session.attempts_made()} attempt(s) so far, {spent.hours * 60:.1f} min"
+                      f"{session.attempts_made()} attempt(s) so far, {spent.hours_before * 60:.1f} min"
                       + (f", {spent.turns} turns, ${spent.cost_usd:.2f}" if spent.turns else ""), highlight=False)
     for line in session.repairs or ["nothing to repair: the record and the branch agree"]:
         err_console.print(f"  repaired: {line}" if session.repairs else f"  {line}", highlight=False)
@@ -651,12 +651,13 @@ def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), ru
          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every attempt of a run, accepted or not, and why; `show RUN N --diff` prints attempt N's patch."""
     from agent.records import RunRecord
-    from agent.session import attempts_from_events
+    from agent.run_state import RunState
     from tools.fmt import fmt_speedup
 
     record = RunRecord.open(resolve_run(run, runs_dir))
     events = record.events()
-    attempts = attempts_from_events(events)
+    state = RunState.fold(events)
+    attempts = state.attempts
     info = record.info
     if diff and attempt is None:
         fail("--diff needs an attempt number: kloop show RUN N --diff")
@@ -664,7 +665,7 @@ def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), ru
         _show_attempt(record, attempts, attempt, diff, as_json)
         return
     if as_json:
-        emit_json({"run": info.model_dump(mode="json"), "attempts": [a.__dict__ for a in attempts]})
+        emit_json({"run": info.model_dump(mode="json"), "attempts": [{**a.__dict__, "verdict": a.verdict} for a in attempts]})
         return
     console.print(escape(f"run {info.run_id}: task {info.task}, policy {info.policy}, branch {info.branch}, "
                          f"base {info.base_commit[:10]}; measured on {info.machine.get('name', '?')}"), highlight=False)
@@ -672,13 +673,13 @@ def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), ru
     for col in ("#", "title", "verdict", "speedup [95% CI]", "reason"):
         table.add_column(col)
     for a in attempts:
-        verdict = "[yellow]interrupted[/]" if a.accepted is None else ("[green]accepted[/]" if a.accepted else "[red]rejected[/]")
+        verdict = {"pending": "[yellow]pending[/]", "interrupted": "[yellow]interrupted[/]", "accepted": "[green]accepted[/]",
+                   "rejected": "[red]rejected[/]"}[a.verdict]
         spt = fmt_speedup(a.figures.get("speedup"), a.figures.get("speedup_lo"), a.figures.get("speedup_hi"))
         table.add_row(str(a.number), escape(a.title), verdict, escape(spt), escape(a.reason[:400]))
     console.print(table)
-    ended = [e for e in events if e.kind == "session_ended"]
-    if ended:
-        console.print(escape(f"ended: {ended[-1].reason}"), highlight=False)
+    if state.ended:
+        console.print(escape(f"ended: {state.ended}"), highlight=False)
 
 
 def _show_attempt(record, attempts, number: int, diff: bool, as_json: bool) -> None:

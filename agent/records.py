@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from agent.run_state import RunState
 from tools.fmt import json_safe, real
 from tools.secrets import encodings, is_secret_name
 
@@ -555,21 +556,11 @@ def summarize(record: RunRecord) -> RunSummary:
         s.error = str(exc)
         return s
     s.torn = torn is not None
-    speedups = []
-    for ev in events:
-        if isinstance(ev, AttemptStarted):
-            s.attempts += 1
-        elif isinstance(ev, Verdict) and ev.accepted:
-            s.accepted += 1
-            sp = real(ev.figures.get("speedup"))
-            if sp is not None and sp > 0:
-                speedups.append(sp)
-        elif isinstance(ev, SessionEnded):
-            s.ended, s.end_reason = True, ev.reason
-        elif isinstance(ev, SessionStarted):
-            s.ended, s.end_reason = False, None  # resumed after an end
-    if events:
-        s.last_event_at = events[-1].t
+    state = RunState.fold(events)
+    s.attempts, s.accepted = len(state.attempts), len(state.accepted)
+    s.ended, s.end_reason = state.ended is not None, state.ended
+    s.last_event_at = state.last_event_at
+    speedups = [sp for a in state.accepted if (sp := real(a.figures.get("speedup"))) is not None and sp > 0]
     s.best_speedup = max(speedups) if speedups else None
     return s
 

@@ -13,7 +13,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from agent.policies.base import Budget, PolicyFacade
 from tools.task import KNOBS_FILE, Task, load_task
 from agent.trailers import format_commit_message, parse_trailers, trailer_key
 from agent.locations import default_runs_root, is_shipped_task, prepare_runs_root, task_repo_for
+from agent.run_state import Attempt, RunState, budget_stop, stop_code
 from agent.runlock import RunLock
 from agent.workspace import Workspace
 from tools.agent_tools import session_toolbox
@@ -56,80 +57,6 @@ class StageEvent:
     ok: bool | None = None
     seconds: float | None = None
     kind: str = "stage"
-
-
-@dataclass
-class SpentBefore:
-    turns: int = 0
-    cost_usd: float = 0.0
-    hours: float = 0.0
-
-
-def spent_before(events: list) -> SpentBefore:
-    """Turns, API cost and wall hours of the run's earlier segments. A segment runs from a
-    session_started to its last event; what a resume logs while repairing (just before its own
-    session_started) is not part of the segment before it, or the time between a kill and the
-    resume would count."""
-    spent = SpentBefore()
-    segments: list[list] = []
-    for ev in events:
-        if isinstance(ev, rec.SessionStarted):
-            segments.append([ev])
-        elif segments:
-            segments[-1].append(ev)
-        if isinstance(ev, rec.LlmTurn):
-            spent.turns += 1
-            spent.cost_usd += ev.cost_usd
-    for i, seg in enumerate(segments):
-        if i + 1 < len(segments):
-            while len(seg) > 1 and _repair_event(seg[-1]):
-                seg.pop()
-        spent.hours += (max(e.t for e in seg) - seg[0].t).total_seconds() / 3600
-    return spent
-
-
-def _repair_event(ev) -> bool:
-    return (isinstance(ev, (rec.Restored, rec.Committed, rec.Note))
-            or (isinstance(ev, rec.Verdict) and ev.reason.startswith("interrupted: the session stopped")))
-
-
-def remaining(budget: Budget, spent: SpentBefore) -> Budget:
-    """The budget for this segment: the flags are totals for the run. Wall hours already spent are
-    taken off here; attempts are counted over the whole record already; turns and API cost are
-    summed from the record by the Claude policy itself (agent/policies/claude.py, `spent_so_far`)."""
-    import dataclasses
-
-    return dataclasses.replace(budget, max_hours=None if budget.max_hours is None else budget.max_hours - spent.hours)
-
-
-@dataclass
-class Attempt:
-    """One submission as the record tells it."""
-
-    number: int
-    title: str
-    rationale: str = ""
-    knobs: dict[str, Any] = field(default_factory=dict)
-    accepted: bool | None = None  # None: no verdict yet (interrupted)
-    reason: str = ""
-    figures: dict[str, Any] = field(default_factory=dict)
-    commit: str | None = None
-    gate_seconds: float | None = None  # the timing cap asked for this decision (None: the session's)
-    best_commit: str | None = None  # the best it was judged against (None: not recorded, older runs)
-
-
-def attempts_from_events(events: list) -> list[Attempt]:
-    by_no: dict[int, Attempt] = {}
-    for ev in events:
-        if isinstance(ev, rec.AttemptStarted):
-            by_no[ev.attempt] = Attempt(ev.attempt, ev.title, ev.rationale, dict(ev.knobs),
-                                        gate_seconds=ev.gate_seconds, best_commit=ev.best_commit)
-        elif isinstance(ev, rec.Verdict) and ev.attempt in by_no:
-            a = by_no[ev.attempt]
-            a.accepted, a.reason, a.figures = ev.accepted, ev.reason, dict(ev.figures)
-        elif isinstance(ev, rec.Committed) and ev.attempt in by_no:
-            by_no[ev.attempt].commit = ev.commit
-    return [by_no[k] for k in sorted(by_no)]
 
 
 log = logging.getLogger(__name__)
@@ -221,7 +148,7 @@ class Session:
         self.on_event = None  # called with each event after it is recorded (live progress display)
         self.on_interrupt = None  # called with the acknowledgement of a first Ctrl-C (else: stderr)
         self.repairs: list[str] = []  # what `repair` fixed after a kill, for people
-        self.spent_before = SpentBefore()  # budget used by earlier segments of this run (resume)
+        self.spent_before = RunState()  # the record as it was when this process attached (resume: what was spent)
         self.current_attempt: int | None = None
         self.discarded = False  # the run was removed whole (its baseline failed)
         gate.on_stage = self._on_stage
@@ -286,8 +213,7 @@ class Session:
             sandbox = _sandbox_status(gate_config.require_sandbox)
             total = budget or run_config.budget
             session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), total, gate_config)
-            session.spent_before = spent_before(record.events())
-            session.budget = remaining(total, session.spent_before)  # flags are totals for the run
+            session.spent_before = RunState.fold(record.events())  # budgets are totals for the run: run_state.py
             session.lock = held
             session.sandbox = sandbox
             if note:
@@ -335,10 +261,15 @@ class Session:
     def events(self) -> list:
         return self.record.events()
 
+    def state(self) -> RunState:
+        """The record folded (agent/run_state.py): attempts, best, baseline, budgets spent."""
+        return RunState.fold(self.events())
+
     def attempts(self) -> list[Attempt]:
-        return attempts_from_events(self.events())
+        return self.state().attempts
 
     def attempts_made(self) -> int:
+        """Attempts started (interrupted ones included): the next one is number attempts_made() + 1."""
         return len(self.attempts())
 
     def repair(self, keep_edits: bool = False) -> None:
@@ -377,7 +308,8 @@ class Session:
                 self.best_commit = sha
                 self.repairs.append(f"landed accepted attempt {a.number} as commit {sha[:10]} (killed before its commit)")
                 repaired = True
-        # 3. an attempt with no verdict was interrupted mid-gate: it counts, and is rejected
+        # 3. an attempt with no verdict was cut off mid-gate: recorded as interrupted (it is offered
+        # again and does not use up an attempt: run_state.Attempt.decided)
         for a in attempts:
             if a.accepted is None:
                 self.log("verdict", attempt=a.number, accepted=False, reason="interrupted: the session stopped during evaluation",
@@ -390,8 +322,7 @@ class Session:
 
     # ---- baseline ------------------------------------------------------------------------------
     def recorded_baseline(self) -> dict[str, Any] | None:
-        base = [e for e in self.events() if isinstance(e, rec.Baseline)]
-        return dict(base[-1].figures) if base else None
+        return self.state().baseline
 
     def reuse_baseline(self) -> bool:
         """On resume: take the recorded baseline figures and rebuild the best from the branch (no
@@ -652,9 +583,7 @@ class Session:
 
     def interrupted_attempt(self) -> Attempt | None:
         """The last attempt when a stop cut its evaluation short (offered again on resume)."""
-        attempts = self.attempts()
-        last = attempts[-1] if attempts else None
-        return last if last and last.accepted is False and last.reason.startswith("interrupted") else None
+        return self.state().interrupted
 
     def revert(self) -> str:
         self.ws.restore(self.best_commit)
@@ -665,12 +594,7 @@ class Session:
     def stop_reason(self) -> str | None:
         if self.interrupted:
             return self.interrupted
-        b = self.budget
-        if b.max_hours is not None and time.monotonic() - self.started >= b.max_hours * 3600:
-            return "max_hours"
-        if b.max_attempts is not None and self.attempts_made() >= b.max_attempts:
-            return "max_attempts"
-        return None
+        return stop_code(budget_stop(self.budget, self.state()))
 
     def system_prompt(self) -> str:
         from agent.briefing import system_prompt

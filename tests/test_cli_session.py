@@ -271,8 +271,8 @@ def test_hours_spent_before_a_resume_count(tmp_path):
     s.record.append(rec.make_event("tool_call", name="build", t=started + timedelta(hours=1)))  # an hour of work
     s.close()
     resumed = Session.resume(s.record.dir, budget=Budget(max_hours=1.5, max_attempts=2))
-    assert resumed.spent_before.hours == pytest.approx(1.0, abs=1e-3)
-    assert resumed.budget.max_hours == pytest.approx(0.5, abs=1e-3) and resumed.stop_reason() is None
+    assert resumed.spent_before.hours_before == pytest.approx(1.0, abs=1e-3)
+    assert resumed.budget.max_hours == 1.5 and resumed.stop_reason() is None  # a total, checked against all segments
     resumed.close()
     resumed = Session.resume(s.record.dir, budget=Budget(max_hours=1.0))
     assert resumed.stop_reason() == "max_hours"

@@ -20,7 +20,8 @@ from agent.gate import GateConfig
 from agent.policies.base import Budget
 from agent.records import RunRecord
 from agent.replay import replay
-from agent.session import Session, attempts_from_events
+from agent.run_state import RunState
+from agent.session import Session
 from agent.trailers import parse_trailers
 from tests.fakes import make_repo  # noqa: F401  (other tests import it from here too)
 
@@ -171,7 +172,7 @@ def test_real_speedup_accepted_with_trailers(session):
 
 
 def test_record_holds_every_attempt_and_replay_agrees(session):
-    attempts = attempts_from_events(session.events())
+    attempts = RunState.fold(session.events()).attempts
     assert [a.accepted for a in attempts].count(True) == 1
     assert all(session.record.patch_path(a.number).is_file() for a in attempts)
     report = replay(session.record.dir, gate_config=GATE)

@@ -43,3 +43,12 @@ def test_git_runs_only_through_the_workspace():
     bad = {p.relative_to(ROOT).as_posix(): sorted(m for m in imported(p) if m == "git" or m.startswith("git."))
            for p in modules}
     assert not {k: v for k, v in bad.items() if v}
+
+
+def test_policies_never_import_the_session():
+    """A policy reads the record through agent/run_state.py and acts through its facade, never the session."""
+    policies = sorted((ROOT / "agent" / "policies").glob("*.py"))
+    assert policies
+    bad = {p.name: sorted(m for m in imported(p) if m == "agent.session" or m.startswith("agent.session_"))
+           for p in policies}
+    assert not {k: v for k, v in bad.items() if v}

@@ -69,6 +69,7 @@ from agent.llm import (
     DEFAULT_MODEL, EFFORTS, LLMClient, LLMError, Turn, Usage, cost_usd, estimate_tokens, price_for, worst_case_cost,
 )
 from agent.policies.base import PolicyContext
+from agent.run_state import RunState
 from tools.base import cap
 
 NUDGE = (
@@ -106,8 +107,8 @@ def spent_so_far(ctx: PolicyContext) -> Spent:
     events = getattr(ctx, "events", None)
     if not callable(events):
         return Spent()
-    turns = [e for e in events() if getattr(e, "kind", None) == "llm_turn"]
-    return Spent(len(turns), sum(float(getattr(e, "cost_usd", 0.0) or 0.0) for e in turns))
+    state = RunState.fold(events())
+    return Spent(state.turns, state.cost_usd)
 
 
 class ClaudePolicy:

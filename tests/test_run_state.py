@@ -1,0 +1,116 @@
+"""The run record read once (agent/run_state.py): budgets are totals for the run counted one way,
+whoever asks (the session between steps, the shell/MCP service before each tool, `kloop status`)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from agent import records as rec
+from agent.policies.base import Budget
+from agent.run_state import RunState, budget_stop
+from agent.session import Session
+from agent.session_service import SessionService, budget_stop as service_budget_stop, status_data
+from tests.session_repo import make_repo
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+
+
+def ev(kind: str, minutes_ago: float, **data):
+    return rec.make_event(kind, t=NOW - timedelta(minutes=minutes_ago), **data)
+
+
+def test_hours_count_segments_once_and_the_open_one_up_to_now():
+    events = [ev("session_started", 180), ev("tool_call", 170, name="check", duration_s=30.0),
+              # killed here; 2 h later a resume repairs (not counted), then starts its own segment
+              ev("restored", 50, to="abc"), ev("session_started", 50, resumed=True),
+              ev("tool_call", 40, name="read_file", duration_s=1000.0), ev("llm_turn", 39, turn=1, cost_usd=0.25)]
+    s = RunState.fold(events)
+    assert s.segments == 2 and s.ended is None
+    assert s.hours_before == pytest.approx(21 / 60)  # 10 min before the kill, 11 recorded since the resume
+    assert s.hours_used(NOW) == pytest.approx(60 / 60)  # 10 min + the open segment's 50
+    assert (s.gpu_seconds, s.turns, s.cost_usd) == (30.0, 1, 0.25)  # read_file is not device time
+    assert budget_stop(Budget(max_hours=1.1), s, "check", now=NOW) is None
+    assert budget_stop(Budget(max_hours=1.0), s, "check", now=NOW).startswith("max_hours")
+    assert budget_stop(Budget(max_turns=1), s, now=NOW).startswith("max_turns")
+    assert budget_stop(Budget(max_cost_usd=0.25), s, now=NOW).startswith("max_cost")
+    assert budget_stop(Budget(max_gpu_seconds=30), s, "edit_file", now=NOW) is None  # only device tools
+    assert budget_stop(Budget(max_gpu_seconds=30), s, "bench", now=NOW).startswith("max_gpu_seconds")
+    ended = RunState.fold([*events, ev("session_ended", 20, reason="end_turn")])
+    assert ended.ended == "end_turn" and ended.hours_used(NOW + timedelta(hours=5)) == pytest.approx(40 / 60)
+
+
+def test_an_interrupted_attempt_does_not_use_up_an_attempt():
+    events = [ev("session_started", 10), ev("attempt_started", 9, attempt=1, title="a"),
+              ev("verdict", 8, attempt=1, accepted=False, reason="interrupted: the session stopped during evaluation",
+                 figures={"stage": "interrupted"}),
+              ev("attempt_started", 7, attempt=2, title="b"),
+              ev("verdict", 6, attempt=2, accepted=False, reason="check failed", figures={"stage": "check"}),
+              ev("attempt_started", 5, attempt=3, title="c")]
+    s = RunState.fold(events)
+    assert [a.verdict for a in s.attempts] == ["interrupted", "rejected", "pending"]
+    assert s.attempts_used == 1 and s.next_number == 4 and s.pending.number == 3
+    assert budget_stop(Budget(max_attempts=2), s, "submit", now=NOW) is None
+    assert budget_stop(Budget(max_attempts=1), s, "submit", now=NOW).startswith("max_attempts")
+    assert budget_stop(Budget(max_attempts=1), s, "check", now=NOW) is None  # only submit spends attempts
+
+
+def _shift_record(run_dir: Path, minutes: float) -> None:
+    """Move every recorded time `minutes` into the past (as if the session had started then)."""
+    path = run_dir / rec.EVENTS
+    lines = []
+    for line in path.read_text().splitlines():
+        d = json.loads(line)
+        d["t"] = (datetime.fromisoformat(d["t"]) - timedelta(minutes=minutes)).isoformat()
+        lines.append(json.dumps(d))
+    path.write_text("\n".join(lines) + "\n")
+    info = json.loads((run_dir / rec.RUN_JSON).read_text())
+    info["started_at"] = (datetime.fromisoformat(info["started_at"]) - timedelta(minutes=minutes)).isoformat()
+    (run_dir / rec.RUN_JSON).write_text(json.dumps(info))
+
+
+@pytest.fixture(scope="module")
+def shell_run(tmp_path_factory):
+    """A shell session (`kloop session start --max-hours 1`) whose record is 36 minutes old."""
+    tmp = tmp_path_factory.mktemp("hours")
+    s = Session.start(make_repo(tmp), "cli", Budget(max_hours=1, max_attempts=1), runs_root=tmp / "runs")
+    run_dir = s.record.dir
+    s.close()
+    _shift_record(run_dir, 36)
+    return run_dir
+
+
+def test_a_shell_session_36_minutes_into_one_hour_may_go_on(shell_run):
+    """The repro: Session.open took the hours already used off the budget and budget_stop then set
+    the wall time since the start against that reduced budget: refused at 36 minutes of 60."""
+    # the agent worked all along: each shell command logs its tool call (the last a minute ago)
+    rec.RunRecord.open(shell_run).append(rec.make_event("tool_call", name="read_file",
+                                                        t=datetime.now(timezone.utc) - timedelta(minutes=1)))
+    service = SessionService.attach(shell_run)  # the next shell command
+    try:
+        assert service_budget_stop(service.session, "check") is None
+        assert service.session.budget.max_hours == 1  # the run's total, not what was left at open
+        assert service.session.stop_reason() is None
+        d = status_data(service.session)
+        assert d["used"]["hours"] == pytest.approx(0.6, abs=0.05) and d["left"]["hours"] == pytest.approx(0.4, abs=0.05)
+    finally:
+        service.close()
+
+
+def test_an_attempt_cut_off_by_a_kill_is_offered_again_within_max_attempts(shell_run):
+    """kill -9 mid-gate (attempt_started, no verdict): the resume marks it interrupted and offers it
+    again; with --max-attempts 1 the session may still submit it (it ended 'max_attempts' before)."""
+    held = Session.open(shell_run)
+    held.log("attempt_started", attempt=1, title="cut off", knobs={})
+    held.close()  # the process died here
+    resumed = Session.resume(shell_run, Budget(max_attempts=1))
+    try:
+        assert resumed.interrupted_attempt() is not None and resumed.interrupted_attempt().number == 1
+        assert resumed.stop_reason() is None
+        assert service_budget_stop(resumed, "submit") is None
+    finally:
+        resumed.close()
+
