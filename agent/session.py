@@ -135,7 +135,8 @@ class Session:
         self.gate = gate
         self.budget = budget
         self.gate_config = gate_config
-        self.task: Task = load_task(ws.task_path)
+        # the manifest and spec are the base commit's (runs/<id>/trusted/), never the worktree's: an
+        # agent that breaks its task.toml can still run every session command, revert included
         self.trusted_task: Task = gate.task
         self.notes_path = record.dir / "notes.md"
         self.best_commit = ws.head()

@@ -114,3 +114,27 @@ def test_an_attempt_cut_off_by_a_kill_is_offered_again_within_max_attempts(shell
     finally:
         resumed.close()
 
+
+def test_session_commands_read_the_trusted_manifest_and_revert_restores_it(shell_run):
+    """An invalid task.toml in the worktree (the agent broke it) does not brick the session: status and
+    revert read runs/<id>/trusted/, and revert puts the manifest back."""
+    import subprocess
+    import sys
+
+    from tests.session_repo import ROOT
+
+    info = rec.RunRecord.open(shell_run).info
+    manifest = Path(info.worktree) / info.task_rel / "task.toml"
+    good = manifest.read_text()
+    manifest.write_text(good.replace("timeout_s = 60", 'timeout_s = "soon"'))
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+
+    def kloop(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "agent.cli", *args, "--run", str(shell_run)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    status = kloop("status")
+    assert status.returncode == 0 and "invalid manifest" not in status.stderr, status.stderr
+    reverted = kloop("revert")
+    assert reverted.returncode == 0, reverted.stderr
+    assert manifest.read_text() == good
