@@ -26,7 +26,7 @@ from agent.trailers import format_commit_message, parse_trailers, trailer_key
 from agent.locations import default_runs_root, is_shipped_task, prepare_runs_root, task_repo_for
 from agent.run_state import Attempt, RunState, budget_stop, stop_code
 from agent.runlock import RunLock
-from agent.workspace import Workspace
+from agent.workspace import Workspace, WorkspaceError
 from tools.agent_tools import session_toolbox
 from tools.base import ToolBox
 from tools.build import BuildResult, code_digest
@@ -345,6 +345,8 @@ class Session:
         """Build and check the best (the base, or the last accepted commit on resume), as found in
         `task_dir` (default: the worktree's task folder, which must then hold no edits)."""
         verdict = self.gate.evaluate(Candidate(task_dir or self.ws.task_path, []), best=None)
+        if task_dir is None:
+            self.task_folder()  # the worktree vanished meanwhile: WorkspaceError, nothing recorded or discarded
         if not verdict.accepted:
             raise SessionError(f"the starting point does not pass its own gate: {verdict.reason}")
         self.best_build = verdict.build
@@ -586,6 +588,15 @@ class Session:
         """The last attempt when a stop cut its evaluation short (offered again on resume)."""
         return self.state().interrupted
 
+    def task_folder(self) -> Path:
+        """The worktree's task folder; WorkspaceError when it is gone (nothing may be built, timed or
+        ranked from missing files and recorded as the candidate's failure)."""
+        path = self.ws.task_path
+        if not path.is_dir():
+            self.ws.verify("read the candidate")  # names what is wrong and the way on
+            raise WorkspaceError(f"the task folder {path} of the session worktree is gone; `kloop resume` recreates it")
+        return path
+
     def revert(self) -> str:
         self.ws.restore(self.best_commit)
         self.log("restored", to=self.best_commit)
@@ -751,7 +762,9 @@ class SessionTools:
 
     @property
     def files_root(self) -> Path:
-        return self._session.ws.task_path
+        """The candidate's task folder; WorkspaceError when the worktree is gone (no tool may read,
+        build or time "nothing" and report it as the candidate's failure)."""
+        return self._session.task_folder()
 
     @property
     def notes_path(self) -> Path:
