@@ -23,12 +23,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kernel-loop: make GPU kernels faster, committing only proven gains.")
 console = Console()
 err_console = Console(stderr=True)
+for _c in (console, err_console):  # into a pipe or a log: no hard wrap at 80 columns (it splits paths)
+    _c.soft_wrap = not _c.is_terminal
 
 SHIPPED = shipped_tasks_dir()  # kloop's tasks: the checkout's kernels/, or the installed package data
 
 
 EXIT_FAILURE = 1  # a build, check, gate or session failed
 EXIT_USAGE = 2  # bad input: a flag, a task path, a run id, a manifest or spec
+EXIT_NOT_RUN = 3  # not run: another process holds the run, a budget is spent, ... (as the session commands)
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT), as shells expect
 
 
@@ -492,7 +495,9 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
         recorded, **{k: v for k, v in flags.items() if v is not None})
     try:
         session = Session.resume(run_dir, budget=budget, require_sandbox=require_sandbox)
-    except (RunLocked, WorkspaceError, SessionError) as exc:
+    except RunLocked as exc:  # held by a live process: "not run", as `kloop session resume` says it
+        fail(str(exc), code=EXIT_NOT_RUN)
+    except (WorkspaceError, SessionError) as exc:
         fail(str(exc))
     _print_sandbox(sandbox_status().as_dict())
     info = session.record.info
@@ -859,6 +864,7 @@ def _error_exit(exc: BaseException) -> int:
     """One paragraph for an error that escaped a command (no internal traceback; KLOOP_DEBUG=1 shows it)."""
     import os
 
+    from agent.locations import RunsFolderError
     from agent.records import RecordError
     from agent.session import SessionError
     from agent.workspace import WorkspaceError
@@ -871,7 +877,7 @@ def _error_exit(exc: BaseException) -> int:
     if isinstance(exc, KeyboardInterrupt):
         err_console.print("[yellow]interrupted[/]")
         return EXIT_INTERRUPTED
-    usage = isinstance(exc, (TaskError, SpecError, RecordError))
+    usage = isinstance(exc, (TaskError, SpecError, RecordError, RunsFolderError))
     known = usage or isinstance(exc, (SessionError, WorkspaceError))
     message = str(exc) if known else f"internal error: {type(exc).__name__}: {exc} (KLOOP_DEBUG=1 shows the traceback)"
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)

@@ -8,7 +8,6 @@ whatever a kill left half-done, without losing an accepted commit or landing an 
 
 from __future__ import annotations
 
-import logging
 import shutil
 import signal
 import sys
@@ -59,9 +58,6 @@ class StageEvent:
     kind: str = "stage"
 
 
-log = logging.getLogger(__name__)
-
-
 def judged_against(attempts: list[Attempt], base_commit: str) -> dict[int, str]:
     """attempt number -> the best it was judged against (recorded, or for older runs: the last
     accepted commit before it, from the base)."""
@@ -78,8 +74,8 @@ def timed_looks(events: list, best_commit: str, base_commit: str) -> int:
     """How many timed decisions the run record holds against `best_commit`: each one spent from that
     best's error budget (tools/stats.look_alpha), whatever process made it (the loop, `kloop submit`,
     MCP, a resumed run). A decision is timed once its timing started (its verdict has a timing seed),
-    whatever it concluded. (A small reader of the events: RunState can take it over.)"""
-    attempts = attempts_from_events(events)
+    whatever it concluded. (Read through RunState.)"""
+    attempts = RunState.fold(events).attempts
     best_at = judged_against(attempts, base_commit)
     return sum(1 for a in attempts if best_at[a.number] == best_commit and a.figures.get("timing_seed") is not None)
 
@@ -89,7 +85,7 @@ def recorded_best_times(events: list, commit: str) -> dict[str, float]:
     accepted verdict committed as it (the candidate's times there), else the first baseline measured
     at it (the bench medians). {} when the record has none. The gate compares the best's time in every
     later decision with these (sabotage of the best), in whichever process decides."""
-    for a in attempts_from_events(events):
+    for a in RunState.fold(events).attempts:
         if a.accepted and a.commit == commit:
             shapes = (a.figures.get("ab") or {}).get("shapes") or []
             return {str(s["shape"]): float(s["time_b"]) for s in shapes
@@ -101,8 +97,6 @@ def recorded_best_times(events: list, commit: str) -> dict[str, float]:
                     if isinstance(s, dict) and s.get("shape") and isinstance(s.get("kernel"), dict)
                     and isinstance(s["kernel"].get("median"), (int, float))}
     return {}
-
-
 
 
 def _sandbox_status(required: bool) -> SandboxStatus:
@@ -151,6 +145,7 @@ class Session:
         self.repairs: list[str] = []  # what `repair` fixed after a kill, for people
         self.spent_before = RunState()  # the record as it was when this process attached (resume: what was spent)
         self.current_attempt: int | None = None
+        self._build_shown: int | None = None  # the attempt whose build progress was shown (submit's pre-build)
         self.discarded = False  # the run was removed whole (its baseline failed)
         gate.on_stage = self._on_stage
         self.lock: RunLock | None = None  # one process per run: held from start/resume to the end of run()
@@ -248,9 +243,9 @@ class Session:
             self.lock = None
 
     def _say_sandbox(self, sandbox: SandboxStatus) -> None:
-        """Loudly, where untrusted code will run without isolation: a warning and a note in the record."""
+        """Where untrusted code will run without isolation: a note in the record. The warning to people
+        is the front end's, once (agent/cli.py `_print_sandbox`: optimize, resume, the session commands)."""
         if not sandbox.available:
-            log.warning("%s", sandbox.line())
             self.log("note", text=sandbox.line(), data={"sandbox": sandbox.as_dict()})
 
     # ---- record --------------------------------------------------------------------------------
@@ -520,6 +515,7 @@ class Session:
             self._on_stage("build", "started")
             built = self.gate.build(cand)
             self._on_stage("build", "finished", ok=built.ok, seconds=time.monotonic() - started)
+            self._build_shown = self.current_attempt  # the gate's own (cached) build of it is not shown again
             return code_digest(built.lib) if built.ok and built.lib else None
         except Exception:  # anything wrong with the build is the gate's to report
             return None
@@ -578,9 +574,11 @@ class Session:
             self.log("restored", to=self.best_commit, attempt=number)
             raise
         finally:
-            self.current_attempt = None
+            self.current_attempt = self._build_shown = None
 
     def _on_stage(self, stage: str, state: str, ok: bool | None = None, seconds: float | None = None) -> None:
+        if stage == "build" and self.current_attempt is not None and self._build_shown == self.current_attempt:
+            return
         if self.on_event is not None:
             self.on_event(StageEvent(stage, state, self.current_attempt, ok, None if seconds is None else round(seconds, 2)))
 

@@ -138,3 +138,72 @@ def test_session_commands_read_the_trusted_manifest_and_revert_restores_it(shell
     reverted = kloop("revert")
     assert reverted.returncode == 0, reverted.stderr
     assert manifest.read_text() == good
+
+
+def test_output_into_a_pipe_is_not_wrapped_at_80_columns(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.session_repo import ROOT
+
+    runs = tmp_path / ("a-runs-folder-with-a-long-name-" * 4)
+    runs.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-m", "agent.cli", "show", "nothere", "--runs-dir", str(runs)], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and str(runs) in res.stderr, res.stderr
+
+
+def test_a_runs_folder_that_cannot_be_written_is_a_usage_error(tmp_path):
+    """exit 2 naming the folder, not 'internal error: OSError' exit 1 (here: a file where a folder
+    should be; a read-only folder takes the same path: the probe file cannot be created)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.session_repo import ROOT
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    runs = blocker / "runs"
+    res = subprocess.run([sys.executable, "-m", "agent.cli", "session", "start", "kernels/matmul_cpu", "--runs-dir", str(runs)],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and f"the runs folder {runs} cannot be written" in res.stderr, res.stderr
+    assert "internal error" not in res.stderr
+
+
+def test_resume_warns_once_and_show_says_interrupted(shell_run):
+    """After the kill above: `kloop show` calls the cut-off attempt interrupted (not rejected), and a
+    resume says what isolates kernels once (the session's note is not printed a second time)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.session_repo import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+
+    def kloop(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    show = kloop("show", str(shell_run))
+    assert show.returncode == 0 and "interrupted" in show.stdout and "rejected" not in show.stdout, show.stdout
+    resumed = kloop("session", "resume", str(shell_run))
+    assert resumed.returncode == 0, resumed.stderr
+    said = resumed.stderr.count("no sandbox") + resumed.stderr.count("sandbox UNAVAILABLE") + resumed.stderr.count("sandbox  ")
+    assert said == 1, resumed.stderr
+
+
+def test_the_session_leaves_the_sandbox_warning_to_the_front_end(shell_run, capfd, caplog):
+    """`kloop optimize`/`resume` print the warning (agent/cli.py `_print_sandbox`); the session itself
+    used to log it as well, so it appeared twice. It records the note and prints nothing."""
+    from tools.sandbox import status
+
+    resumed = Session.resume(shell_run)
+    resumed.close()
+    assert "sandbox" not in capfd.readouterr().err
+    assert not [r for r in caplog.records if "sandbox" in r.getMessage()]  # a log warning reached stderr too
+    if not status().available:
+        assert [e for e in resumed.events() if e.kind == "note" and "sandbox" in e.data]
