@@ -122,7 +122,7 @@ class Verdict(BaseModel):
             for s in self.ab.shapes:
                 lines.append(f"  {s.shape}: {fmt_ms(s.time_a)} -> {fmt_ms(s.time_b)}, "
                              f"{fmt_speedup(s.speedup, s.speedup_lo, s.speedup_hi)} ({s.pairs} pairs)")
-            lines.append(f"  timing: {self.ab.pairs} pairs in {fmtfmt_num(self.ab.timing_seconds, '.1f')} s ({self.ab.stopped_because})")
+            lines.append(f"  timing: {self.ab.pairs} pairs in {fmt_num(self.ab.timing_seconds, '.1f')} s ({self.ab.stopped_because})")
         if self.check and not self.check.passed:
             from tools.check import format_check  # imports torch: not at startup of a CLI command that needs none
 
@@ -135,12 +135,12 @@ class Verdict(BaseModel):
 
     def stages_line(self) -> str:
         """One line: where this decision's seconds went."""
-        parts = ", ".join(f"{k} {fmtfmt_num(v, '.2f')}" for k, v in self.stage_seconds.items())
+        parts = ", ".join(f"{k} {fmt_num(v, '.2f')}" for k, v in self.stage_seconds.items())
         judge = {"cold": "judge started cold", "warming": "judge pre-started, still warming",
                  "ready": "judge pre-started and ready"}.get(self.judge or "", "")
         # judge_built alone sets no total
         total = self.seconds or sum(v for v in self.stage_seconds.values() if isinstance(v, (int, float)))
-        return f"seconds: {fmtfmt_num(total, '.2f')} = {parts}" + (f" ({judge})" if judge else "")
+        return f"seconds: {fmt_num(total, '.2f')} = {parts}" + (f" ({judge})" if judge else "")
 
 
 @dataclass
