@@ -23,12 +23,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kernel-loop: make GPU kernels faster, committing only proven gains.")
 console = Console()
 err_console = Console(stderr=True)
+for _c in (console, err_console):  # into a pipe or a log: no hard wrap at 80 columns (it splits paths)
+    _c.soft_wrap = not _c.is_terminal
 
 SHIPPED = shipped_tasks_dir()  # kloop's tasks: the checkout's kernels/, or the installed package data
 
 
 EXIT_FAILURE = 1  # a build, check, gate or session failed
 EXIT_USAGE = 2  # bad input: a flag, a task path, a run id, a manifest or spec
+EXIT_NOT_RUN = 3  # not run: another process holds the run, a budget is spent, ... (as the session commands)
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT), as shells expect
 
 
@@ -521,7 +524,9 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
         recorded, **{k: v for k, v in flags.items() if v is not None})
     try:
         session = Session.resume(run_dir, budget=budget, require_sandbox=require_sandbox)
-    except (RunLocked, WorkspaceError, SessionError) as exc:
+    except RunLocked as exc:  # held by a live process: "not run", as `kloop session resume` says it
+        fail(str(exc), code=EXIT_NOT_RUN)
+    except (WorkspaceError, SessionError) as exc:
         fail(str(exc))
     _print_sandbox(sandbox_status().as_dict())
     info = session.record.info
@@ -534,7 +539,7 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
         raise
     spent = session.spent_before
     err_console.print(f"resuming run [bold]{info.run_id}[/]: task {info.task}, policy {policy.name}, branch {info.branch}; "
-                      f"{session.attempts_made()} attempt(s) so far, {spent.hours * 60:.1f} min"
+                      f"{session.attempts_made()} attempt(s) so far, {spent.hours_before * 60:.1f} min"
                       + (f", {spent.turns} turns, ${spent.cost_usd:.2f}" if spent.turns else ""), highlight=False)
     for line in session.repairs or ["nothing to repair: the record and the branch agree"]:
         err_console.print(f"  repaired: {line}" if session.repairs else f"  {line}", highlight=False)
@@ -682,12 +687,13 @@ def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), ru
          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every attempt of a run, accepted or not, and why; `show RUN N --diff` prints attempt N's patch."""
     from agent.records import RunRecord
-    from agent.session import attempts_from_events
+    from agent.run_state import RunState
     from tools.fmt import fmt_speedup
 
     record = RunRecord.open(resolve_run(run, runs_dir))
     events = record.events()
-    attempts = attempts_from_events(events)
+    state = RunState.fold(events)
+    attempts = state.attempts
     info = record.info
     if diff and attempt is None:
         fail("--diff needs an attempt number: kloop show RUN N --diff")
@@ -695,7 +701,7 @@ def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), ru
         _show_attempt(record, attempts, attempt, diff, as_json)
         return
     if as_json:
-        emit_json({"run": info.model_dump(mode="json"), "attempts": [a.__dict__ for a in attempts]})
+        emit_json({"run": info.model_dump(mode="json"), "attempts": [{**a.__dict__, "verdict": a.verdict} for a in attempts]})
         return
     console.print(escape(f"run {info.run_id}: task {info.task}, policy {info.policy}, branch {info.branch}, "
                          f"base {info.base_commit[:10]}; measured on {info.machine.get('name', '?')}"), highlight=False)
@@ -703,13 +709,13 @@ def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), ru
     for col in ("#", "title", "verdict", "speedup [95% CI]", "reason"):
         table.add_column(col)
     for a in attempts:
-        verdict = "[yellow]interrupted[/]" if a.accepted is None else ("[green]accepted[/]" if a.accepted else "[red]rejected[/]")
+        verdict = {"pending": "[yellow]pending[/]", "interrupted": "[yellow]interrupted[/]", "accepted": "[green]accepted[/]",
+                   "rejected": "[red]rejected[/]"}[a.verdict]
         spt = fmt_speedup(a.figures.get("speedup"), a.figures.get("speedup_lo"), a.figures.get("speedup_hi"))
         table.add_row(str(a.number), escape(a.title), verdict, escape(spt), escape(a.reason[:400]))
     console.print(table)
-    ended = [e for e in events if e.kind == "session_ended"]
-    if ended:
-        console.print(escape(f"ended: {ended[-1].reason}"), highlight=False)
+    if state.ended:
+        console.print(escape(f"ended: {state.ended}"), highlight=False)
 
 
 def _show_attempt(record, attempts, number: int, diff: bool, as_json: bool) -> None:
@@ -892,6 +898,7 @@ def _error_exit(exc: BaseException) -> int:
     """One paragraph for an error that escaped a command (no internal traceback; KLOOP_DEBUG=1 shows it)."""
     import os
 
+    from agent.locations import RunsFolderError
     from agent.records import RecordError
     from agent.session import SessionError
     from agent.workspace import WorkspaceError
@@ -904,7 +911,7 @@ def _error_exit(exc: BaseException) -> int:
     if isinstance(exc, KeyboardInterrupt):
         err_console.print("[yellow]interrupted[/]")
         return EXIT_INTERRUPTED
-    usage = isinstance(exc, (TaskError, SpecError, RecordError))
+    usage = isinstance(exc, (TaskError, SpecError, RecordError, RunsFolderError))
     known = usage or isinstance(exc, (SessionError, WorkspaceError))
     message = str(exc) if known else f"internal error: {type(exc).__name__}: {exc} (KLOOP_DEBUG=1 shows the traceback)"
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)

@@ -16,6 +16,9 @@ from agent.policies.base import Budget
 
 
 RESERVED = frozenset({"policy", "budget", "gate"})  # run.json config keys that are not policy options
+# gate settings that older records hold and the gate no longer has (131126d: the escape allowance is
+# now from the best's probe spread); dropped when read, so GateConfig can refuse any other unknown key
+RETIRED_GATE_KEYS = frozenset({"escape_abs_s", "escape_rel"})
 
 
 class RunConfigError(ValueError):
@@ -49,7 +52,8 @@ class RunConfig(BaseModel):
         options = {k: v for k, v in raw.items() if k not in RESERVED and v is not None}
         try:
             config = cls.model_validate({"policy": info.policy, "options": options,
-                                         "budget": raw.get("budget") or {}, "gate": raw.get("gate") or {}})
+                                         "budget": raw.get("budget") or {},
+                                         "gate": {k: v for k, v in (raw.get("gate") or {}).items() if k not in RETIRED_GATE_KEYS}})
         except ValidationError as exc:
             problems = "; ".join(f"config.{'.'.join(map(str, e['loc']))} = {e.get('input')!r}: {e['msg']}" for e in exc.errors())
             raise RunConfigError(f"{where}: {problems}") from None

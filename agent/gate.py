@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tools.scope import change_refusal, symlink_component
 from tools.task import KNOBS_FILE, TaskError, load_task
 from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_task_build
 from tools.build import BuildResult, build
-from tools.fmt import fmt_ms, fmt_num, fmt_speedup
+from tools.fmt import fmt_ms, fmt_num, fmt_speedup, fmt_us
 from tools.protocol import ABReport, CheckReport, DeviceInfo, E2EReport, WorkerRequest
 from tools.runner import StandbySlot, run_worker
 from tools.stats import DecisionRules, look_alpha
@@ -52,6 +52,8 @@ DEFAULT_FORBIDDEN = SOURCE_RULES
 
 
 class GateConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting in run.json is an error, not a default
+
     max_seconds: float = 4.0  # timing seconds for one decision
     min_pairs: int = 20
     target_halfwidth: float = 0.004  # stop sampling when the log-speedup interval (at the look's level) is this tight
@@ -538,7 +540,7 @@ class Gate:
         impossible = [s for s in ab.shapes if _finite(s.floor_s) and _finite(s.time_b) and s.time_b < s.floor_s]
         if impossible:
             return "timing", "faster than physics allows (cached, skipped or mis-timed work): " + "; ".join(
-                f"{s.shape}: {_us(s.time_b)} per call, below the roofline floor of {_us(s.floor_s)}" for s in impossible)
+                f"{s.shape}: {fmt_us(s.time_b)} per call, below the roofline floor of {fmt_us(s.floor_s)}" for s in impossible)
         unmeasured = [s for s in ab.shapes if not _integrity_measured(s)]
         unmeasured += [s for s in ab.shapes if s not in unmeasured and not (s.time_a > 0 and s.time_b > 0)]
         if unmeasured:
@@ -547,11 +549,11 @@ class Gate:
         escaped = [s for s in ab.shapes if self._escaped(s)]
         if escaped:
             return "timing", "work outside the timed region (other streams, host threads or work after return): " + "; ".join(
-                f"{s.shape}: {_us(s.extra_b)} per call outside the timed region vs {_us(s.extra_a)} for the best "
-                f"(allowed {_us(self.escape_allowance(s))} more: {self.config.escape_sigmas:g} x sqrt 2 x the best's "
-                f"probe spread {_us(s.extra_a_se)}, floor {self.config.escape_rel_floor:.0%} of its time), "
-                f"of which after return {_us(s.after_return_b)} vs {_us(s.after_return_a)} "
-                f"(timed {_us(s.time_b)} vs {_us(s.time_a)}; wall until idle {_us(s.wall_b)} vs {_us(s.wall_a)}; "
+                f"{s.shape}: {fmt_us(s.extra_b)} per call outside the timed region vs {fmt_us(s.extra_a)} for the best "
+                f"(allowed {fmt_us(self.escape_allowance(s))} more: {self.config.escape_sigmas:g} x sqrt 2 x the best's "
+                f"probe spread {fmt_us(s.extra_a_se)}, floor {self.config.escape_rel_floor:.0%} of its time), "
+                f"of which after return {fmt_us(s.after_return_b)} vs {fmt_us(s.after_return_a)} "
+                f"(timed {fmt_us(s.time_b)} vs {fmt_us(s.time_a)}; wall until idle {fmt_us(s.wall_b)} vs {fmt_us(s.wall_a)}; "
                 f"{s.probes} cold probes each)" for s in escaped)
         from tools.ab import MIN_PASSES
 
@@ -566,7 +568,7 @@ class Gate:
         if sabotaged:
             return "undecided", ("undecided: best slower than its baseline ("
                                  "the machine is far noisier than when the best was measured, or something slows the best): "
-                                 + "; ".join(f"{s.shape}: best {_us(s.time_a)} now vs {_us(s.baseline_a)} when accepted"
+                                 + "; ".join(f"{s.shape}: best {fmt_us(s.time_a)} now vs {fmt_us(s.baseline_a)} when accepted"
                                              for s in sabotaged))
         return None
 
@@ -666,20 +668,6 @@ def _integrity_measured(s) -> bool:
         _finite(x) for x in (s.extra_a, s.extra_b, s.extra_a_se, s.wall_a, s.wall_b, s.time_a, s.time_b))
 
 
-def _us(x) -> str:
-    return f"{x * 1e6:.1f} us" if _finite(x) else "?"
-
-
-def _num(x, fmt: str = ".3g") -> str:
-    """A number from a report for a reason text: None/NaN/Inf are printed, never a crash."""
-    if x is None:
-        return "n/a"
-    try:
-        return format(x, fmt)
-    except (TypeError, ValueError):
-        return str(x)
-
-
 def sass_figures(task, lib: str) -> tuple[dict[str, dict], str | None]:
     """The SASS mix of a built library for the run record (CUDA only; reading the binary, never running it)."""
     from tools.evaluate import sass_summary
@@ -701,6 +689,6 @@ def _describe_failure(s) -> str:
                 parts.append(f"{o.name}: {o.problem}")
             else:
                 parts.append(f"{o.name}: {o.mismatches}/{o.numel} elements wrong, {o.nonfinite} NaN/Inf, max abs err "
-                             f"{_num(o.max_abs)}, norm rel err {_num(o.norm_rel)}; worst at {o.worst_index}: got "
-                             f"{_num(o.worst_got, '.6g')}, want {_num(o.worst_want, '.6g')}")
+                             f"{fmt_num(o.max_abs, '.3g')}, norm rel err {fmt_num(o.norm_rel, '.3g')}; worst at {o.worst_index}: got "
+                             f"{fmt_num(o.worst_got, '.6g')}, want {fmt_num(o.worst_want, '.6g')}")
     return f"shape {s.shape} (call {s.round}) {s.dims}: " + "; ".join(parts)

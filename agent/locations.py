@@ -27,6 +27,7 @@ from __future__ import annotations
 import filecmp
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -71,13 +72,22 @@ def default_runs_root(task_dir: Path | None = None, cwd: Path | None = None) -> 
     return Path.home() / KLOOP_DIR / "runs"
 
 
+class RunsFolderError(Exception):
+    """The runs folder cannot be made or written (a user's error: exit 2); the message names it."""
+
+
 def prepare_runs_root(runs_root: Path) -> Path:
     """Create the runs folder; when it lies in a repository's `.kloop/`, make git ignore `.kloop/`
     there (through `.git/info/exclude`)."""
     from agent.workspace import ensure_excluded, find_repo
 
     runs_root = Path(runs_root).expanduser().resolve()
-    runs_root.mkdir(parents=True, exist_ok=True)
+    try:
+        runs_root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=runs_root).close()  # writable (a read-only mount, another user's folder)
+    except OSError as exc:
+        raise RunsFolderError(f"the runs folder {runs_root} cannot be written ({exc.strerror or exc}); "
+                              "pass --runs-dir a folder you can write to") from None
     repo = find_repo(runs_root)
     if repo is not None:
         rel = runs_root.relative_to(repo)

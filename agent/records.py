@@ -11,8 +11,8 @@ moves it aside (`events.jsonl.torn`) before appending. Readers never modify a re
 `kloop runs`/`show` may read a record that a live session is writing.
 
 No secret ever reaches a record: every value written (events, run.json, patches) is scrubbed of
-the values of ANTHROPIC_API_KEY and of every environment variable whose name ends in _KEY,
-_TOKEN, _SECRET or _PASSWORD (see `SecretScrubber`).
+the values of every environment variable tools/secrets.py calls secret (ANTHROPIC_API_KEY, names
+with KEY, TOKEN, SECRET, PASSWORD, ...), by its one scrubber (`tools.secrets.SecretScrubber`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from agent.run_state import RunState
 from tools.fmt import json_safe, real
-from tools.secrets import encodings, is_secret_name
+from tools.secrets import SecretScrubber  # the one scrubber (records name what they redacted)
 
 log = logging.getLogger(__name__)
 
@@ -53,73 +54,6 @@ def utc_now() -> datetime:
 # --------------------------------------------------------------------------------------------
 # secrets
 # --------------------------------------------------------------------------------------------
-
-SECRET_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
-SECRET_NAMES = ("ANTHROPIC_API_KEY",)
-MIN_SECRET_LEN = 8  # shorter values ("1", "true") are settings, not secrets; redacting them would wreck records
-
-
-class SecretScrubber:
-    """Replaces the values of secret environment variables with `[REDACTED:<NAME>]`.
-
-    The values are read from the environment when the scrubber is made (`from_env()`; a record
-    makes a fresh one for every write, so a key set after the session started is caught too).
-    """
-
-    def __init__(self, secrets_by_name: dict[str, str]):
-        # longest first, so a secret that contains another is replaced whole
-        self.secrets = sorted(
-            ((n, v) for n, v in secrets_by_name.items() if v and len(v) >= MIN_SECRET_LEN),
-            key=lambda nv: -len(nv[1]),
-        )
-
-    @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "SecretScrubber":
-        env = os.environ if environ is None else environ
-        found = {}
-        for name, value in env.items():
-            upper = name.upper()
-            if upper in SECRET_NAMES or upper.endswith(SECRET_SUFFIXES) or is_secret_name(name):
-                found[name] = value
-        return cls(found)
-
-    def find(self, text: str) -> list[str]:
-        """Names of the secrets whose value occurs in `text` (raw, JSON-escaped, or in one of the
-        simple encodings of tools/secrets.py: base64, hex, URL-encoded, reversed)."""
-        hits = []
-        for name, value in self.secrets:
-            escaped = json.dumps(value)[1:-1]
-            if value in text or escaped in text or any(f in text for f in encodings(value)):
-                hits.append(name)
-        return hits
-
-    def scrub_text(self, text: str) -> tuple[str, list[str]]:
-        hits = []
-        for name, value in self.secrets:
-            for form in encodings(value):
-                if form in text:
-                    text = text.replace(form, f"[REDACTED:{name}]")
-                    if name not in hits:
-                        hits.append(name)
-        return text, hits
-
-    def scrub(self, obj: Any) -> tuple[Any, list[str]]:
-        """`obj` (JSON-like: dicts, lists, strings, numbers) with every secret replaced."""
-        hits: list[str] = []
-
-        def walk(o: Any) -> Any:
-            if isinstance(o, str):
-                s, h = self.scrub_text(o)
-                hits.extend(h)
-                return s
-            if isinstance(o, dict):
-                return {walk(k): walk(v) for k, v in o.items()}
-            if isinstance(o, (list, tuple)):
-                return [walk(v) for v in o]
-            return o
-
-        return walk(obj), sorted(set(hits))
-
 
 class SecretLeak(RecordError):
     """A secret survived scrubbing (should not happen); nothing was written."""
@@ -555,21 +489,11 @@ def summarize(record: RunRecord) -> RunSummary:
         s.error = str(exc)
         return s
     s.torn = torn is not None
-    speedups = []
-    for ev in events:
-        if isinstance(ev, AttemptStarted):
-            s.attempts += 1
-        elif isinstance(ev, Verdict) and ev.accepted:
-            s.accepted += 1
-            sp = real(ev.figures.get("speedup"))
-            if sp is not None and sp > 0:
-                speedups.append(sp)
-        elif isinstance(ev, SessionEnded):
-            s.ended, s.end_reason = True, ev.reason
-        elif isinstance(ev, SessionStarted):
-            s.ended, s.end_reason = False, None  # resumed after an end
-    if events:
-        s.last_event_at = events[-1].t
+    state = RunState.fold(events)
+    s.attempts, s.accepted = len(state.attempts), len(state.accepted)
+    s.ended, s.end_reason = state.ended is not None, state.ended
+    s.last_event_at = state.last_event_at
+    speedups = [sp for a in state.accepted if (sp := real(a.figures.get("speedup"))) is not None and sp > 0]
     s.best_speedup = max(speedups) if speedups else None
     return s
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import records as rec
+from agent.run_state import RunState
 from tools.fmt import real
 from tools.roofline import PEAKS, device_key
 
@@ -274,7 +275,7 @@ def load_view(run_dir: Path) -> RunView:
     by_no: dict[int, AttemptView] = {}
     transcript: list[TurnView] = []
     turns_by_no: dict[int, TurnView] = {}
-    cost, state = None, "running"
+    cost = None
     for ev in events:
         if isinstance(ev, rec.Baseline):
             baseline = ev.figures
@@ -286,7 +287,6 @@ def load_view(run_dir: Path) -> RunView:
             a, f = by_no[ev.attempt], ev.figures
             stage = f.get("stage")
             a.stage = stage if isinstance(stage, str) and stage else ("accepted" if ev.accepted else "")
-            a.verdict = "accepted" if ev.accepted else ("interrupted" if a.stage == "interrupted" else "rejected")
             a.reason, a.seconds = ev.reason, real(f.get("seconds"))
             a.speedup, a.lo, a.hi = _pos(f.get("speedup")), _pos(f.get("speedup_lo")), _pos(f.get("speedup_hi"))
             a.shapes = _shape_timings(f.get("ab"))
@@ -313,11 +313,11 @@ def load_view(run_dir: Path) -> RunView:
                 t.notes.append(ev.text)
         elif isinstance(ev, rec.PolicyStop):
             cost = ev.cost_usd if ev.cost_usd else cost
-        elif isinstance(ev, rec.SessionEnded):
-            state = f"ended: {ev.reason}"
-        elif isinstance(ev, rec.SessionStarted):
-            state = "running"
     attempts = [by_no[k] for k in sorted(by_no)]
+    folded = RunState.fold(events)  # the one reading of verdicts and of the session's state
+    for a, st in zip(attempts, folded.attempts):
+        a.verdict = st.verdict
+    state = f"ended: {folded.ended}" if folded.ended is not None else "running"
     if state == "running" and attempts and attempts[-1].verdict == "pending":
         state = f"running: the gate is judging attempt {attempts[-1].number}"
     level = 1.0
@@ -437,18 +437,10 @@ def run_rows(runs_root: Path) -> list[RunRow]:
         rows.append(row)
         if s.error is not None:
             continue
-        events, _ = record.read()
+        state = RunState.fold(record.read()[0])
         device = record.info.machine or {}
         row.device = str(device.get("name") or record.info.gpu or "")
-        level, judged, open_attempt = 1.0, set(), None
-        for ev in events:
-            if isinstance(ev, rec.Verdict):
-                judged.add(ev.attempt)
-                sp = _pos(ev.figures.get("speedup"))
-                if ev.accepted and sp is not None:
-                    level *= sp
-            elif isinstance(ev, rec.AttemptStarted):
-                open_attempt = ev.attempt
-        row.speedup = level if s.accepted else None
-        row.pending = open_attempt if open_attempt is not None and open_attempt not in judged and not s.ended else None
+        row.speedup = state.best_speedup if s.accepted else None
+        pending = state.pending
+        row.pending = pending.number if pending is not None and not s.ended else None
     return rows

@@ -8,12 +8,11 @@ whatever a kill left half-done, without losing an accepted commit or landing an 
 
 from __future__ import annotations
 
-import logging
 import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,9 @@ from agent.policies.base import Budget, PolicyFacade
 from tools.task import KNOBS_FILE, Task, load_task
 from agent.trailers import format_commit_message, parse_trailers, trailer_key
 from agent.locations import default_runs_root, is_shipped_task, prepare_runs_root, task_repo_for
+from agent.run_state import Attempt, RunState, budget_stop, stop_code
 from agent.runlock import RunLock
-from agent.workspace import Workspace
+from agent.workspace import Workspace, WorkspaceError
 from tools.agent_tools import session_toolbox
 from tools.base import ToolBox
 from tools.build import BuildResult, code_digest
@@ -58,80 +58,6 @@ class StageEvent:
     kind: str = "stage"
 
 
-@dataclass
-class SpentBefore:
-    turns: int = 0
-    cost_usd: float = 0.0
-    hours: float = 0.0
-
-
-def spent_before(events: list) -> SpentBefore:
-    """Turns, API cost and wall hours of the run's earlier segments. A segment runs from a
-    session_started to its last event; what a resume logs while repairing (just before its own
-    session_started) is not part of the segment before it, or the time between a kill and the
-    resume would count."""
-    spent = SpentBefore()
-    segments: list[list] = []
-    for ev in events:
-        if isinstance(ev, rec.SessionStarted):
-            segments.append([ev])
-        elif segments:
-            segments[-1].append(ev)
-        if isinstance(ev, rec.LlmTurn):
-            spent.turns += 1
-            spent.cost_usd += ev.cost_usd
-    for i, seg in enumerate(segments):
-        if i + 1 < len(segments):
-            while len(seg) > 1 and _repair_event(seg[-1]):
-                seg.pop()
-        spent.hours += (max(e.t for e in seg) - seg[0].t).total_seconds() / 3600
-    return spent
-
-
-def _repair_event(ev) -> bool:
-    return (isinstance(ev, (rec.Restored, rec.Committed, rec.Note))
-            or (isinstance(ev, rec.Verdict) and ev.reason.startswith("interrupted: the session stopped")))
-
-
-def remaining(budget: Budget, spent: SpentBefore) -> Budget:
-    """The budget for this segment: the flags are totals for the run. Wall hours already spent are
-    taken off here; attempts are counted over the whole record already; turns and API cost are
-    summed from the record by the Claude policy itself (agent/policies/claude.py, `spent_so_far`)."""
-    import dataclasses
-
-    return dataclasses.replace(budget, max_hours=None if budget.max_hours is None else budget.max_hours - spent.hours)
-
-
-@dataclass
-class Attempt:
-    """One submission as the record tells it."""
-
-    number: int
-    title: str
-    rationale: str = ""
-    knobs: dict[str, Any] = field(default_factory=dict)
-    accepted: bool | None = None  # None: no verdict yet (interrupted)
-    reason: str = ""
-    figures: dict[str, Any] = field(default_factory=dict)
-    commit: str | None = None
-    gate_seconds: float | None = None  # the timing cap asked for this decision (None: the session's)
-    best_commit: str | None = None  # the best it was judged against (None: not recorded, older runs)
-
-
-def attempts_from_events(events: list) -> list[Attempt]:
-    by_no: dict[int, Attempt] = {}
-    for ev in events:
-        if isinstance(ev, rec.AttemptStarted):
-            by_no[ev.attempt] = Attempt(ev.attempt, ev.title, ev.rationale, dict(ev.knobs),
-                                        gate_seconds=ev.gate_seconds, best_commit=ev.best_commit)
-        elif isinstance(ev, rec.Verdict) and ev.attempt in by_no:
-            a = by_no[ev.attempt]
-            a.accepted, a.reason, a.figures = ev.accepted, ev.reason, dict(ev.figures)
-        elif isinstance(ev, rec.Committed) and ev.attempt in by_no:
-            by_no[ev.attempt].commit = ev.commit
-    return [by_no[k] for k in sorted(by_no)]
-
-
 def accepts_since_e2e(attempts: list[Attempt]) -> int:
     """Accepted attempts since the last one whose verdict ran the e2e check."""
     n = 0
@@ -141,9 +67,6 @@ def accepts_since_e2e(attempts: list[Attempt]) -> int:
         elif a.accepted:
             n += 1
     return n
-
-
-log = logging.getLogger(__name__)
 
 
 def judged_against(attempts: list[Attempt], base_commit: str) -> dict[int, str]:
@@ -162,8 +85,8 @@ def timed_looks(events: list, best_commit: str, base_commit: str) -> int:
     """How many timed decisions the run record holds against `best_commit`: each one spent from that
     best's error budget (tools/stats.look_alpha), whatever process made it (the loop, `kloop submit`,
     MCP, a resumed run). A decision is timed once its timing started (its verdict has a timing seed),
-    whatever it concluded. (A small reader of the events: RunState can take it over.)"""
-    attempts = attempts_from_events(events)
+    whatever it concluded. (Read through RunState.)"""
+    attempts = RunState.fold(events).attempts
     best_at = judged_against(attempts, base_commit)
     return sum(1 for a in attempts if best_at[a.number] == best_commit and a.figures.get("timing_seed") is not None)
 
@@ -173,7 +96,7 @@ def recorded_best_times(events: list, commit: str) -> dict[str, float]:
     accepted verdict committed as it (the candidate's times there), else the first baseline measured
     at it (the bench medians). {} when the record has none. The gate compares the best's time in every
     later decision with these (sabotage of the best), in whichever process decides."""
-    for a in attempts_from_events(events):
+    for a in RunState.fold(events).attempts:
         if a.accepted and a.commit == commit:
             shapes = (a.figures.get("ab") or {}).get("shapes") or []
             return {str(s["shape"]): float(s["time_b"]) for s in shapes
@@ -185,8 +108,6 @@ def recorded_best_times(events: list, commit: str) -> dict[str, float]:
                     if isinstance(s, dict) and s.get("shape") and isinstance(s.get("kernel"), dict)
                     and isinstance(s["kernel"].get("median"), (int, float))}
     return {}
-
-
 
 
 def _sandbox_status(required: bool) -> SandboxStatus:
@@ -219,7 +140,8 @@ class Session:
         self.gate = gate
         self.budget = budget
         self.gate_config = gate_config
-        self.task: Task = load_task(ws.task_path)
+        # the manifest and spec are the base commit's (runs/<id>/trusted/), never the worktree's: an
+        # agent that breaks its task.toml can still run every session command, revert included
         self.trusted_task: Task = gate.task
         self.notes_path = record.dir / "notes.md"
         self.best_commit = ws.head()
@@ -233,8 +155,9 @@ class Session:
         self.on_event = None  # called with each event after it is recorded (live progress display)
         self.on_interrupt = None  # called with the acknowledgement of a first Ctrl-C (else: stderr)
         self.repairs: list[str] = []  # what `repair` fixed after a kill, for people
-        self.spent_before = SpentBefore()  # budget used by earlier segments of this run (resume)
+        self.spent_before = RunState()  # the record as it was when this process attached (resume: what was spent)
         self.current_attempt: int | None = None
+        self._build_shown: int | None = None  # the attempt whose build progress was shown (submit's pre-build)
         self.discarded = False  # the run was removed whole (its baseline failed)
         gate.on_stage = self._on_stage
         gate.accepts_since_e2e = accepts_since_e2e(self.attempts())  # `every:N` counts across a resume
@@ -299,8 +222,7 @@ class Session:
             sandbox = _sandbox_status(gate_config.require_sandbox)
             total = budget or run_config.budget
             session = cls(record, ws, Gate(record.dir / "trusted", ws.task_rel, gate_config), total, gate_config)
-            session.spent_before = spent_before(record.events())
-            session.budget = remaining(total, session.spent_before)  # flags are totals for the run
+            session.spent_before = RunState.fold(record.events())  # budgets are totals for the run: run_state.py
             session.lock = held
             session.sandbox = sandbox
             if note:
@@ -334,9 +256,9 @@ class Session:
             self.lock = None
 
     def _say_sandbox(self, sandbox: SandboxStatus) -> None:
-        """Loudly, where untrusted code will run without isolation: a warning and a note in the record."""
+        """Where untrusted code will run without isolation: a note in the record. The warning to people
+        is the front end's, once (agent/cli.py `_print_sandbox`: optimize, resume, the session commands)."""
         if not sandbox.available:
-            log.warning("%s", sandbox.line())
             self.log("note", text=sandbox.line(), data={"sandbox": sandbox.as_dict()})
 
     # ---- record --------------------------------------------------------------------------------
@@ -348,10 +270,15 @@ class Session:
     def events(self) -> list:
         return self.record.events()
 
+    def state(self) -> RunState:
+        """The record folded (agent/run_state.py): attempts, best, baseline, budgets spent."""
+        return RunState.fold(self.events())
+
     def attempts(self) -> list[Attempt]:
-        return attempts_from_events(self.events())
+        return self.state().attempts
 
     def attempts_made(self) -> int:
+        """Attempts started (interrupted ones included): the next one is number attempts_made() + 1."""
         return len(self.attempts())
 
     def repair(self, keep_edits: bool = False) -> None:
@@ -390,7 +317,8 @@ class Session:
                 self.best_commit = sha
                 self.repairs.append(f"landed accepted attempt {a.number} as commit {sha[:10]} (killed before its commit)")
                 repaired = True
-        # 3. an attempt with no verdict was interrupted mid-gate: it counts, and is rejected
+        # 3. an attempt with no verdict was cut off mid-gate: recorded as interrupted (it is offered
+        # again and does not use up an attempt: run_state.Attempt.decided)
         for a in attempts:
             if a.accepted is None:
                 self.log("verdict", attempt=a.number, accepted=False, reason="interrupted: the session stopped during evaluation",
@@ -403,8 +331,7 @@ class Session:
 
     # ---- baseline ------------------------------------------------------------------------------
     def recorded_baseline(self) -> dict[str, Any] | None:
-        base = [e for e in self.events() if isinstance(e, rec.Baseline)]
-        return dict(base[-1].figures) if base else None
+        return self.state().baseline
 
     def reuse_baseline(self) -> bool:
         """On resume: take the recorded baseline figures and rebuild the best from the branch (no
@@ -426,6 +353,8 @@ class Session:
         """Build and check the best (the base, or the last accepted commit on resume), as found in
         `task_dir` (default: the worktree's task folder, which must then hold no edits)."""
         verdict = self.gate.evaluate(Candidate(task_dir or self.ws.task_path, []), best=None)
+        if task_dir is None:
+            self.task_folder()  # the worktree vanished meanwhile: WorkspaceError, nothing recorded or discarded
         if not verdict.accepted:
             raise SessionError(f"the starting point does not pass its own gate: {verdict.reason}")
         self.best_build = verdict.build
@@ -599,6 +528,7 @@ class Session:
             self._on_stage("build", "started")
             built = self.gate.build(cand)
             self._on_stage("build", "finished", ok=built.ok, seconds=time.monotonic() - started)
+            self._build_shown = self.current_attempt  # the gate's own (cached) build of it is not shown again
             return code_digest(built.lib) if built.ok and built.lib else None
         except Exception:  # anything wrong with the build is the gate's to report
             return None
@@ -658,17 +588,26 @@ class Session:
             self.log("restored", to=self.best_commit, attempt=number)
             raise
         finally:
-            self.current_attempt = None
+            self.current_attempt = self._build_shown = None
 
     def _on_stage(self, stage: str, state: str, ok: bool | None = None, seconds: float | None = None) -> None:
+        if stage == "build" and self.current_attempt is not None and self._build_shown == self.current_attempt:
+            return
         if self.on_event is not None:
             self.on_event(StageEvent(stage, state, self.current_attempt, ok, None if seconds is None else round(seconds, 2)))
 
     def interrupted_attempt(self) -> Attempt | None:
         """The last attempt when a stop cut its evaluation short (offered again on resume)."""
-        attempts = self.attempts()
-        last = attempts[-1] if attempts else None
-        return last if last and last.accepted is False and last.reason.startswith("interrupted") else None
+        return self.state().interrupted
+
+    def task_folder(self) -> Path:
+        """The worktree's task folder; WorkspaceError when it is gone (nothing may be built, timed or
+        ranked from missing files and recorded as the candidate's failure)."""
+        path = self.ws.task_path
+        if not path.is_dir():
+            self.ws.verify("read the candidate")  # names what is wrong and the way on
+            raise WorkspaceError(f"the task folder {path} of the session worktree is gone; `kloop resume` recreates it")
+        return path
 
     def revert(self) -> str:
         self.ws.restore(self.best_commit)
@@ -679,12 +618,7 @@ class Session:
     def stop_reason(self) -> str | None:
         if self.interrupted:
             return self.interrupted
-        b = self.budget
-        if b.max_hours is not None and time.monotonic() - self.started >= b.max_hours * 3600:
-            return "max_hours"
-        if b.max_attempts is not None and self.attempts_made() >= b.max_attempts:
-            return "max_attempts"
-        return None
+        return stop_code(budget_stop(self.budget, self.state()))
 
     def seconds_left(self) -> float | None:
         """Wall seconds left under --max-hours (None: no such budget): a policy caps its waits by it."""
@@ -845,7 +779,9 @@ class SessionTools:
 
     @property
     def files_root(self) -> Path:
-        return self._session.ws.task_path
+        """The candidate's task folder; WorkspaceError when the worktree is gone (no tool may read,
+        build or time "nothing" and report it as the candidate's failure)."""
+        return self._session.task_folder()
 
     @property
     def notes_path(self) -> Path:

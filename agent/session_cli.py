@@ -115,6 +115,7 @@ def session_start(
     """Start a session driven from the shell: prints the run id and the worktree to work in."""
     service = start_service(task, "cli", _budget(max_attempts, max_hours, max_gpu_seconds), gate_seconds, allow_dirty, runs_dir)
     cli = _cli()
+    cli._print_sandbox(service.session.record.info.sandbox)
     try:
         pending = service.ensure_best()  # a reason when the task's device is not here: the baseline waits
     except Exception as exc:
@@ -166,6 +167,7 @@ def session_resume(run: str = typer.Argument(..., help="Run id, run folder, or '
     """Reopen a session (after `session end`, or on another machine: copy the run folder, fetch the
     branch into a clone, pass --repo)."""
     service = attach(run, runs_dir, repo=repo, announce=True)
+    _cli()._print_sandbox(service.session.sandbox.as_dict())
     pending = None
     if service.session.record.info.baseline_pending:  # started without the device: measure the baseline now
         try:
@@ -324,6 +326,7 @@ def mcp_cmd(
 
     threading.Thread(target=baseline, daemon=True).start()
     info = service.session.record.info
+    cli._print_sandbox((service.session.sandbox.as_dict() if service.session.sandbox else None) or info.sandbox)
     cli.err_console.print(f"kloop mcp: run {info.run_id}, worktree {service.session.ws.path}", highlight=False)
     reason = "mcp server stopped"
     try:

@@ -22,11 +22,11 @@ import os
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
 from agent import records as rec
+from agent import run_state
 from agent.gate import Candidate, GateConfig
 from agent.policies.base import Budget
 from agent.locations import default_runs_root
@@ -37,7 +37,7 @@ from tools.base import Tool, ToolInput, ToolResult, cap
 
 READ_ONLY = {"list_files", "read_file", "history", "status"}
 # the tools that occupy the device: their time counts against Budget.max_gpu_seconds
-DEVICE_TOOLS = {"check", "bench", "sweep", "profile", "submit"}
+DEVICE_TOOLS = run_state.DEVICE_TOOLS
 LOG_TEXT = 2_000  # characters of a tool's answer kept in the run record
 PLACEHOLDER_POLICY = "mcp"  # until a client says who it is
 
@@ -72,45 +72,9 @@ def no_device_text(tool: str, reason: str, run_id: str) -> str:
 
 # ---- figures from the record (they survive processes and machines) ------------------------------
 
-def _last_start_and_end(events: list) -> tuple[Any, Any]:
-    started = ended = None
-    for ev in events:
-        if ev.kind == "session_started":
-            started, ended = ev, None
-        elif ev.kind == "session_ended":
-            ended = ev
-    return started, ended
-
-
-def gpu_seconds_used(events: list) -> float:
-    return sum(ev.duration_s for ev in events if ev.kind == "tool_call" and ev.name in DEVICE_TOOLS)
-
-
-def hours_used(info: rec.RunInfo) -> float:
-    return (datetime.now(timezone.utc) - info.started_at).total_seconds() / 3600
-
-
-def best_speedup(session: Session) -> float:
-    """Speedup of the best over the base: the product of the accepted steps."""
-    total = 1.0
-    for a in session.attempts():
-        if a.accepted and a.figures.get("speedup"):
-            total *= float(a.figures["speedup"])
-    return total
-
-
 def budget_stop(session: Session, tool: str) -> str | None:
-    """Why `tool` may not run now (a budget is spent), else None."""
-    b = session.budget
-    if b.max_hours is not None and hours_used(session.record.info) >= b.max_hours:
-        return f"max_hours: {b.max_hours:g} h since the session started have passed"
-    if tool == "submit" and b.max_attempts is not None and session.attempts_made() >= b.max_attempts:
-        return f"max_attempts: all {b.max_attempts} attempts are used"
-    if tool in DEVICE_TOOLS and b.max_gpu_seconds is not None:
-        used = gpu_seconds_used(session.events())
-        if used >= b.max_gpu_seconds:
-            return f"max_gpu_seconds: {used:.0f} of {b.max_gpu_seconds:g} device seconds are used"
-    return None
+    """Why `tool` may not run now (a budget is spent), else None: agent/run_state.budget_stop on the record."""
+    return run_state.budget_stop(session.budget, session.state(), tool)
 
 
 # ---- the status tool ----------------------------------------------------------------------------
@@ -121,11 +85,10 @@ class StatusInput(ToolInput):
 
 def status_data(session: Session) -> dict[str, Any]:
     info = session.record.info
-    events = session.events()
-    attempts = session.attempts()
+    state = session.state()
+    attempts = state.attempts
     b = session.budget
-    used_gpu, used_h = gpu_seconds_used(events), hours_used(info)
-    _, ended = _last_start_and_end(events)
+    used_gpu, used_h, used_n = state.gpu_seconds, state.hours_used(), state.attempts_used
     try:
         changed = session.ws.changed_paths(against=session.best_commit)
     except WorkspaceError:
@@ -134,17 +97,17 @@ def status_data(session: Session) -> dict[str, Any]:
         "run": info.run_id, "task": info.task, "policy": info.policy, "branch": info.branch,
         "worktree": str(session.ws.path), "task_folder": str(session.ws.task_path),
         "base_commit": info.base_commit, "best_commit": session.best_commit,
-        "best_speedup": round(best_speedup(session), 4),
+        "best_speedup": round(state.best_speedup, 4),
         "attempts": len(attempts), "accepted": sum(1 for a in attempts if a.accepted),
         "uncommitted_changes": changed,
         "budget": {"max_attempts": b.max_attempts, "max_hours": b.max_hours, "max_gpu_seconds": b.max_gpu_seconds},
-        "used": {"attempts": len(attempts), "hours": round(used_h, 3), "gpu_seconds": round(used_gpu, 1)},
+        "used": {"attempts": used_n, "hours": round(used_h, 3), "gpu_seconds": round(used_gpu, 1)},
         "left": {
-            "attempts": None if b.max_attempts is None else max(0, b.max_attempts - len(attempts)),
+            "attempts": None if b.max_attempts is None else max(0, b.max_attempts - used_n),
             "hours": None if b.max_hours is None else round(max(0.0, b.max_hours - used_h), 3),
             "gpu_seconds": None if b.max_gpu_seconds is None else round(max(0.0, b.max_gpu_seconds - used_gpu), 1),
         },
-        "ended": ended.reason if ended else None,
+        "ended": state.ended,
         "baseline_pending": info.baseline_pending,
     }
 
@@ -331,9 +294,9 @@ class SessionService:
         the service is for reading (status, history) beside the process that holds the run."""
         run_dir = Path(run_dir)
         if not announce:
-            _, ended = _last_start_and_end(rec.RunRecord.open(run_dir).events())
+            ended = run_state.RunState.fold(rec.RunRecord.open(run_dir).events()).ended
             if ended is not None:
-                raise SessionEnded(f"session {run_dir.name} has ended ({ended.reason}); reopen it with "
+                raise SessionEnded(f"session {run_dir.name} has ended ({ended}); reopen it with "
                                    f"`kloop session resume {run_dir.name}` (or `kloop mcp {run_dir.name}`)")
         if not lock:
             return cls(Session.open(run_dir, lock=False))
@@ -356,17 +319,12 @@ class SessionService:
 
     def _load_baseline(self) -> None:
         """The baseline figures (for the briefing) from the record, in a process that did not measure them."""
-        if self.session.baseline:
-            return
-        for ev in reversed(self.session.events()):
-            if ev.kind == "baseline":
-                self.session.baseline = dict(ev.figures)
-                return
+        if not self.session.baseline:
+            self.session.baseline = self.session.recorded_baseline() or {}
 
     @property
     def ended(self) -> str | None:
-        _, ended = _last_start_and_end(self.session.events())
-        return ended.reason if ended else None
+        return self.session.state().ended
 
     # -- the best build (what a submit is timed against) -------------------------------------------
     def device_missing(self) -> str | None:

@@ -60,6 +60,8 @@ def test_crash_in_check_names_shape_and_call(tmp_path):
     assert res.ok and res.check is not None and not res.check.passed, res
     first = res.check.failures()[0]
     assert (first.shape, first.round) == ("ragged", 0) and "crashed (SIGSEGV)" in first.error, first
+    # a NULL write, not a write into the (read-only) inputs: no hint without evidence, no empty tail
+    assert "writes into its inputs" not in first.error and not first.error.rstrip().endswith("output tail:"), first.error
     from agent.gate import _describe_failure
 
     assert "shape ragged (call 0)" in _describe_failure(first)
@@ -104,6 +106,17 @@ def test_worker_over_its_memory_limit_is_rejected_saying_so(tmp_path):
     first = res.check.failures()[0]
     assert first.shape == "one", first
     assert "memory limit of 2 GiB" in first.error and "memory_limit_gb" in first.error, first.error
+
+
+def test_one_large_new_refused_names_the_memory_limit(tmp_path):
+    """One `new` of 8 GiB under a 2 GiB limit throws std::bad_alloc before anything is resident: the
+    runner dies of SIGABRT and the reason still names the limit (its output says bad_alloc)."""
+    grab = "  static char* volatile keep;\n  if (M == 1) keep = new char[(size_t)8 << 30];  // volatile: not elided"
+    task, lib = built(variant(tmp_path, grab, {"timeout_s = 120": "timeout_s = 120\nmemory_limit_gb = 2"}))
+    res = run_check(task, lib.lib, seed=1)
+    assert res.ok and res.check is not None and not res.check.passed, res
+    first = res.check.failures()[0]
+    assert "SIGABRT" in first.error and "memory limit of 2 GiB" in first.error and "bad_alloc" in first.error, first.error
 
 
 # ---- Ctrl-C and resume ---------------------------------------------------------------------------
@@ -271,8 +284,8 @@ def test_hours_spent_before_a_resume_count(tmp_path):
     s.record.append(rec.make_event("tool_call", name="build", t=started + timedelta(hours=1)))  # an hour of work
     s.close()
     resumed = Session.resume(s.record.dir, budget=Budget(max_hours=1.5, max_attempts=2))
-    assert resumed.spent_before.hours == pytest.approx(1.0, abs=1e-3)
-    assert resumed.budget.max_hours == pytest.approx(0.5, abs=1e-3) and resumed.stop_reason() is None
+    assert resumed.spent_before.hours_before == pytest.approx(1.0, abs=1e-3)
+    assert resumed.budget.max_hours == 1.5 and resumed.stop_reason() is None  # a total, checked against all segments
     resumed.close()
     resumed = Session.resume(s.record.dir, budget=Budget(max_hours=1.0))
     assert resumed.stop_reason() == "max_hours"

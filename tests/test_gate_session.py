@@ -20,7 +20,8 @@ from agent.gate import GateConfig
 from agent.policies.base import Budget
 from agent.records import RunRecord
 from agent.replay import replay
-from agent.session import Session, attempts_from_events
+from agent.run_state import RunState
+from agent.session import Session
 from agent.trailers import parse_trailers
 from tests.fakes import make_repo  # noqa: F401  (other tests import it from here too)
 
@@ -64,10 +65,21 @@ def assert_rejected(session, verdict, stage: str, words: str, head_before: str) 
 ENTRY = "extern \"C\" int kloop_matmul(const float* A, const float* B, float* C, int M, int N, int K) {\n  if (M < 0 || N < 0 || K < 0) return 1;"
 
 
+def v_attempt(session) -> int:
+    return session.attempts()[-1].number
+
+
 def test_wrong_result_rejected_naming_shape(session):
     head = session.ws.head()
     edit(session, "for (int k = 0; k < K; ++k) acc +=", "for (int k = 0; k + 1 < K; ++k) acc +=")
-    v = session.submit("Skip the last k", "wrong on purpose")
+    shown: list = []
+    session.on_event = shown.append
+    try:
+        v = session.submit("Skip the last k", "wrong on purpose")
+    finally:
+        session.on_event = None
+    builds = [e for e in shown if e.kind == "stage" and e.stage == "build" and e.state == "started"]
+    assert len(builds) == 1 and builds[0].attempt == v_attempt(session), shown  # the pre-build, not the gate's again
     assert_rejected(session, v, "check", "wrong results", head)
     assert "shape" in v.reason and "max abs err" in v.reason
 
@@ -171,7 +183,7 @@ def test_real_speedup_accepted_with_trailers(session):
 
 
 def test_record_holds_every_attempt_and_replay_agrees(session):
-    attempts = attempts_from_events(session.events())
+    attempts = RunState.fold(session.events()).attempts
     assert [a.accepted for a in attempts].count(True) == 1
     assert all(session.record.patch_path(a.number).is_file() for a in attempts)
     report = replay(session.record.dir, gate_config=GATE)

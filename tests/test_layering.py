@@ -43,3 +43,28 @@ def test_git_runs_only_through_the_workspace():
     bad = {p.relative_to(ROOT).as_posix(): sorted(m for m in imported(p) if m == "git" or m.startswith("git."))
            for p in modules}
     assert not {k: v for k, v in bad.items() if v}
+
+
+def test_policies_never_import_the_session():
+    """A policy reads the record through agent/run_state.py and acts through its facade, never the session."""
+    policies = sorted((ROOT / "agent" / "policies").glob("*.py"))
+    assert policies
+    bad = {p.name: sorted(m for m in imported(p) if m == "agent.session" or m.startswith("agent.session_"))
+           for p in policies}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_one_number_formatter_and_one_secret_scrubber():
+    """Numbers for people are written by tools/fmt.py, secrets scrubbed by tools/secrets.py: no module
+    defines its own (a second copy drifts: one said 'n/a', the other '-', for the same missing figure)."""
+    wrappers = {"agent/report_html.py: fmt_time"}  # the pages' Jinja filter: tools.fmt.fmt_time with 'µs'
+    bad = []
+    for path in sorted((ROOT / "agent").rglob("*.py")) + TOOLS:
+        if path.parent.name == "tools" and path.name in ("fmt.py", "secrets.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.col_offset == 0:
+                name = node.name.lstrip("_")
+                if name.startswith("fmt_") or name in ("us", "num") or "Scrubber" in name or name in ("scrub", "scrub_text", "redact"):
+                    bad.append(f"{path.relative_to(ROOT)}: {node.name}")
+    assert not set(bad) - wrappers

@@ -182,3 +182,16 @@ def test_installed_package_ships_tasks_and_prompts(installed: Path, tmp_path: Pa
                          "from agent.locations import default_runs_root; print(default_runs_root())")
     assert proc.returncode == 0, proc.stderr
     assert Path(proc.stdout.strip()) == home / ".kloop" / "runs"
+
+
+def test_every_flag_kloop_suggests_is_in_the_readme():
+    """An error that says 'pass --allow-dirty' points at a flag a reader can look up."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    suggested = set()
+    for path in sorted((root / "agent").glob("*.py")) + sorted((root / "tools").glob("*.py")):
+        suggested |= set(re.findall(r"\b(?:pass|use|with) (--[a-z][a-z-]+)", path.read_text()))
+    assert "--allow-dirty" in suggested
+    assert not {f for f in suggested if f not in readme}

@@ -47,6 +47,7 @@ def kloop(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     (("default = 0\nhelp = \"0: i-j-k", "default = 7\nhelp = \"0: i-j-k"), "knobs.LOOP_ORDER", "not one of the allowed values"),
     (('sources = ["matmul.cpp"]', 'sources = ["nothere.cpp"]'), "sources", "does not exist"),
     (('editable = ["matmul.cpp", "*.h"]', 'editable = ["*"]'), "editable", "read-only"),
+    (("bench = true", 'bench = "yes"'), "shapes.", "valid boolean"),  # strict: not read as true
 ])
 def test_malformed_manifest_names_file_field_and_value(tmp_path, edit, field, words):
     task = copy_task(tmp_path)

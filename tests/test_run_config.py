@@ -63,3 +63,20 @@ def test_run_json_holds_the_run_config_and_resume_validates_it(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(SessionError, match="config.budget.max_attempts"):
         Session.resume(s.record.dir)
+
+
+def test_configs_refuse_unknown_keys():
+    """A misspelt setting is an error naming it, not a silent default (GateConfig, the Claude
+    settings, the policy options)."""
+    from agent.policies import PolicyError, make_policy
+
+    with pytest.raises(RunConfigError, match="gate.max_secnds"):
+        RunConfig.from_info(info("tuner", {"gate": {"max_secnds": 2}}), where="run.json")
+    # settings the gate had once (in the shipped showcase records) still load
+    assert RunConfig.from_info(info("tuner", {"gate": {"escape_abs_s": 3e-5, "escape_rel": 0.25}})).gate == GateConfig()
+    with pytest.raises(PolicyError, match="'max_token'"):
+        make_policy("claude", claude={"max_token": 100})
+    with pytest.raises(PolicyError, match="'sede'"):
+        make_policy("tuner", sede=3)
+    recorded = {"model": "claude-sonnet-4-5", "max_tokens": 16000, "effort": None}  # settings() records the model
+    make_policy("claude", model="claude-sonnet-4-5", claude=recorded)

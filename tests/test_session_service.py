@@ -15,6 +15,8 @@ import pytest
 
 from agent.mcp_server import BearerGate, ensure_token, parse_hostport, print_config
 from agent.policies.base import Budget
+from agent.records import make_event
+from agent.run_state import RunState
 from agent.session_service import Busy, budget_stop, hold
 from agent.workspace import AGENT_FILES, Workspace
 
@@ -78,11 +80,14 @@ def test_locks_one_submit_at_a_time(tmp_path):
 
 
 def _fake_session(budget: Budget, attempts: int = 0, device_s: float = 0.0, hours_ago: float = 0.0):
-    events = [SimpleNamespace(kind="tool_call", name="bench", duration_s=device_s),
-              SimpleNamespace(kind="tool_call", name="read_file", duration_s=1000.0)]
-    info = SimpleNamespace(started_at=datetime.now(timezone.utc) - timedelta(hours=hours_ago))
-    return SimpleNamespace(budget=budget, record=SimpleNamespace(info=info), attempts_made=lambda: attempts,
-                           events=lambda: events)
+    now = datetime.now(timezone.utc)
+    events = [make_event("session_started", t=now - timedelta(hours=hours_ago)),
+              make_event("tool_call", name="bench", duration_s=device_s),
+              make_event("tool_call", name="read_file", duration_s=1000.0)]
+    for n in range(1, attempts + 1):
+        events += [make_event("attempt_started", attempt=n, title=f"a{n}"),
+                   make_event("verdict", attempt=n, accepted=False, reason="slower")]
+    return SimpleNamespace(budget=budget, state=lambda: RunState.fold(events))
 
 
 def test_budgets_from_the_record():

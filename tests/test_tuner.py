@@ -91,3 +91,64 @@ def test_a_refused_submit_is_skipped_not_fatal(tmp_path):
 
     reason = TunerPolicy(console=Console(file=open(tmp_path / "tuner.log", "w"))).run(Ctx())
     assert submitted == [{"K": 1}, {"K": 2}] and reason == "search exhausted"
+
+
+def test_a_sweep_where_every_setting_failed_is_not_recorded(tmp_path):
+    """The best itself failing in the sweep means the sweep measured nothing (e.g. the worktree
+    vanished): no ranking and no 'search exhausted' go into the record; a resume sweeps again, also
+    over such a ranking recorded before this rule."""
+    from agent.policies.tuner import RANKING_NOTE, PolicyToolError
+    from tools.base import ToolResult
+    from tools.sweep import SweepRow
+
+    failed = [SweepRow(knobs={"K": k}, ok=False, error=f"build failed: no such file (K={k})") for k in (0, 1)]
+    calls, logged = [], []
+
+    class Box:
+        def call(self, name, args):
+            calls.append(name)
+            if name == "knobs":
+                return ToolResult(text="", data={"current": {"K": 0}, "knobs": {"K": [0, 1]}, "space": 2})
+            assert name == "sweep"
+            return ToolResult(text="", data={"rows": [r.model_dump() for r in failed]})
+
+    class Ctx:
+        toolbox = Box()
+        recorded: list = []
+
+        def events(self):
+            return self.recorded
+
+        def attempts(self):
+            return []
+
+        def stop_reason(self):
+            return None
+
+        def log(self, kind, **k):
+            logged.append((kind, k.get("text")))
+
+    tuner = TunerPolicy(console=Console(file=open(tmp_path / "tuner.log", "w")))
+    with pytest.raises(PolicyToolError, match="every one of the 2 settings failed"):
+        tuner.run(Ctx())
+    assert logged == [] and "sweep" in calls
+    old = Ctx()
+    old.recorded = [type("E", (), {"kind": "note", "text": RANKING_NOTE, "data": {"rows": [r.model_dump() for r in failed]}})()]
+    assert TunerPolicy.recorded_ranking(old) is None
+
+
+def test_tools_refuse_a_vanished_worktree(tmp_path):
+    """With the worktree gone, knobs and sweep answer an error naming it (and `kloop resume`), never
+    a ranking of builds that failed for want of files."""
+    import shutil
+
+    repo = make_repo(tmp_path)
+    session = Session.start(repo / "kernels" / "matmul_cpu", "tuner", Budget(), runs_root=tmp_path / "runs")
+    try:
+        shutil.rmtree(session.ws.path)
+        for name, args in (("knobs", {}), ("sweep", {"configs": [{"LOOP_ORDER": 1}]})):
+            res = session.toolbox.call(name, args)
+            assert not res.ok and "does not exist" in res.text and "kloop resume" in res.text, (name, res.text)
+        assert not [e for e in session.events() if e.kind == "note" and e.text == "tuner ranking"]
+    finally:
+        session.close()

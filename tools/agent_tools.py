@@ -14,6 +14,7 @@ from pydantic import Field
 
 from tools.base import Tool, ToolBox, ToolInput, ToolResult
 from tools.build import build, format_build
+from tools.fmt import fmt_us
 from tools.port import SessionPort
 
 KnobMap = dict[str, int | float | str | bool]
@@ -139,7 +140,7 @@ def roofline_lines(ctx: SessionPort, bench) -> str:
             continue
         floor = max((s.flops or 0) / flops_peak if flops_peak else 0, (s.bytes or 0) / bytes_peak if bytes_peak else 0)
         if floor > 0:
-            out.append(f"{s.shape}: roofline floor {floor * 1e6:.1f} us; at {100 * floor / s.kernel.median:.1f}% of it")
+            out.append(f"{s.shape}: roofline floor {fmt_us(floor)}; at {100 * floor / s.kernel.median:.1f}% of it")
     return "\n".join(out)
 
 

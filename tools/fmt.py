@@ -50,6 +50,12 @@ def fmt_time(seconds: float | None, micro: str = "us") -> str:
     return f"{s * 1e6:.1f} {micro}"
 
 
+def fmt_us(seconds: float | None) -> str:
+    """Microseconds to one decimal, for per-call figures set side by side in a reason ('12.3 us')."""
+    s = real(seconds)
+    return f"{s * 1e6:.1f} us" if s is not None else _unknown(seconds)
+
+
 def fmt_ms(seconds: float, sep: str = " ") -> str:
     """Milliseconds to four decimals, for timings compared side by side ('1.2345 ms')."""
     s = real(seconds)

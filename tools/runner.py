@@ -548,20 +548,17 @@ def _tail(text, n: int = 1500) -> str:
 
 # ---- runners: the untrusted side of an evaluation --------------------------------------------------
 
-def _runner_memory_note() -> str:
+def _runner_memory_note(output: str = "") -> str:
     """Why a runner that just died probably hit the memory limit ('' when nothing says so): runners
-    inherit the judge's RLIMIT_DATA, and the largest peak of the children reaped so far (getrusage) sits
-    near it when an allocation was refused (a NULL write or std::bad_alloc follows)."""
+    inherit the judge's RLIMIT_DATA; its output naming a refused allocation (std::bad_alloc from one
+    large `new` is refused before anything is resident, then SIGABRT) or the largest peak of the
+    children reaped so far (getrusage) near the limit says so (`_memory_note`)."""
     import resource
 
     limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
     if limit in (resource.RLIM_INFINITY, -1) or limit <= 0:
         return ""
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    if peak < 0.8 * limit:
-        return ""
-    return (f"; it hit the worker memory limit of {limit / 2**30:.3g} GiB (memory_limit_gb in task.toml; "
-            f"peak resident {peak / 2**30:.2f} GiB)")
+    return _memory_note(limit, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, output)
 
 
 class RunnerError(Exception):
@@ -706,8 +703,10 @@ class Runner:
         except subprocess.TimeoutExpired:
             self.kill()
             code = self.proc.wait()
-        return RunnerError("crash", f"{self.name} runner {_status(code)} {when}{_runner_memory_note()}; "
-                                    f"output tail: {_tail(self.output(), 600)}")
+        output = self.output()
+        said = _tail(output, 600)
+        return RunnerError("crash", f"{self.name} runner {_status(code)} {when}{_runner_memory_note(output)}; "
+                                    + (f"output tail: {said}" if said else "it printed nothing"))
 
     def output(self) -> str:
         try:

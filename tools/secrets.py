@@ -63,28 +63,66 @@ def encodings(secret: str) -> tuple[str, ...]:
     return tuple(sorted((f for f in forms if len(f) >= MIN_SECRET_LEN), key=len, reverse=True))
 
 
+class SecretScrubber:
+    """THE scrubber: replaces each secret's value (and its encodings, `encodings`) with a mark:
+    `[REDACTED:<NAME>]` where the name helps a reader (run records), else `[redacted]`; says which
+    secrets it found. Longest first, so a secret that contains another is replaced whole."""
+
+    def __init__(self, secrets_by_name: Mapping[str, str], named: bool = True):
+        self.secrets = sorted(((n, v) for n, v in secrets_by_name.items() if v and len(v) >= MIN_SECRET_LEN),
+                              key=lambda nv: -len(nv[1]))
+        self.named = named
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, named: bool = True) -> "SecretScrubber":
+        """The secrets of `environ` (default: this process's, read now: a key set later is caught too)."""
+        return cls(secrets_by_name(environ), named)
+
+    def find(self, text: str) -> list[str]:
+        """Names of the secrets whose value occurs in `text` (raw, JSON-escaped, or encoded)."""
+        return [name for name, value in self.secrets if any(f in text for f in encodings(value))]
+
+    def scrub_text(self, text: str) -> tuple[str, list[str]]:
+        hits: list[str] = []
+        for name, value in self.secrets:
+            for form in encodings(value):
+                if form in text:
+                    text = text.replace(form, f"[REDACTED:{name}]" if self.named else REDACTED)
+                    if name not in hits:
+                        hits.append(name)
+        return text, hits
+
+    def scrub(self, obj: Any) -> tuple[Any, list[str]]:
+        """`obj` (JSON-like: dicts with their keys, lists, strings, numbers) with every secret replaced."""
+        hits: list[str] = []
+
+        def walk(o: Any) -> Any:
+            if isinstance(o, str):
+                s, h = self.scrub_text(o)
+                hits.extend(h)
+                return s
+            if isinstance(o, dict):
+                return {walk(k): walk(v) for k, v in o.items()}
+            if isinstance(o, (list, tuple)):
+                return [walk(v) for v in o]
+            return o
+
+        return walk(obj), sorted(set(hits))
+
+
+def _unnamed(secrets: Iterable[str] | None) -> SecretScrubber:
+    values = secret_values() if secrets is None else list(secrets)
+    return SecretScrubber({f"secret {i}": v for i, v in enumerate(values)}, named=False)
+
+
 def scrub(text: str, secrets: Iterable[str] | None = None) -> str:
     """`text` with every secret (default: those of this process's environment) and its simple
     encodings replaced by [redacted]."""
-    values = secret_values() if secrets is None else [s for s in secrets if s and len(s) >= MIN_SECRET_LEN]
-    if not values or not isinstance(text, str):
+    if not isinstance(text, str):
         return text
-    for secret in sorted(values, key=len, reverse=True):
-        for form in encodings(secret):
-            if form in text:
-                text = text.replace(form, REDACTED)
-    return text
+    return _unnamed(secrets).scrub_text(text)[0]
 
 
 def scrub_data(value: Any, secrets: Iterable[str] | None = None) -> Any:
     """`scrub` applied to every string of JSON-like data (dict keys included)."""
-    values = secret_values() if secrets is None else list(secrets)
-    if not values:
-        return value
-    if isinstance(value, str):
-        return scrub(value, values)
-    if isinstance(value, dict):
-        return {scrub_data(k, values): scrub_data(v, values) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [scrub_data(v, values) for v in value]
-    return value
+    return _unnamed(secrets).scrub(value)[0]

@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 KnobValue = int | float | str | bool
 MANIFEST = "task.toml"
@@ -45,8 +45,9 @@ class Knob(Strict):
 class Shape(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
     dims: dict[str, KnobValue]
-    check: bool = True
-    bench: bool = False
+    # strict: `bench = "yes"` (or "no", or 0) is an error, not a silent true (TOML has true/false)
+    check: StrictBool = True
+    bench: StrictBool = False
     weight: float = Field(default=1.0, gt=0)
     # largest slowdown this shape may show in a gate decision; None -> the task's max_regression
     max_regression: float | None = Field(default=None, ge=0, lt=1)

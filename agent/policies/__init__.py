@@ -30,9 +30,12 @@ CLAUDE_SETTINGS = ("max_tokens", "effort", "thinking", "context_limit", "context
 
 
 def _claude(model: str | None = None, claude: dict | None = None, **_: Any) -> Policy:
-    """`claude`: settings as `ClaudePolicy.settings()` records them (unknown keys and None are ignored)."""
+    """`claude`: settings as `ClaudePolicy.settings()` records them (None is ignored; an unknown key is an error)."""
     from agent.policies.claude import ClaudePolicy
 
+    unknown = sorted(set(claude or {}) - set(CLAUDE_SETTINGS) - {"model"})  # settings() records the model too
+    if unknown:
+        raise PolicyError(f"unknown Claude setting(s) {', '.join(map(repr, unknown))}; known: {', '.join(CLAUDE_SETTINGS)}")
     settings = {k: v for k, v in (claude or {}).items() if k in CLAUDE_SETTINGS and v is not None}
     if isinstance(settings.get("thinking"), dict):  # as recorded: the request parameter
         recorded = settings["thinking"]
@@ -72,6 +75,13 @@ def policy_spec(name: str) -> PolicySpec:
         raise PolicyError(f"no policy named {name!r}; known: {', '.join(REGISTRY)}") from None
 
 
+# the options a front end may pass to any factory; each takes its own and ignores the others' (`**_`)
+OPTIONS = frozenset({"model", "seed", "console", "claude", "run_dir", "on_row"})
+
+
 def make_policy(name: str, **options: Any) -> Policy:
-    """A policy by its registry name; PolicyError names what is wrong."""
+    """A policy by its registry name; PolicyError names what is wrong (an unknown option included)."""
+    unknown = sorted(set(options) - OPTIONS)
+    if unknown:
+        raise PolicyError(f"unknown policy option(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(OPTIONS))}")
     return policy_spec(name).factory(**options)

@@ -94,6 +94,7 @@ from agent.llm import (
     price_for, request_size, worst_case_cost,
 )
 from agent.policies.base import PolicyContext
+from agent.run_state import RunState
 from tools.base import cap
 
 NUDGE = (
@@ -131,8 +132,8 @@ def spent_so_far(ctx: PolicyContext) -> Spent:
     events = getattr(ctx, "events", None)
     if not callable(events):
         return Spent()
-    turns = [e for e in events() if getattr(e, "kind", None) == "llm_turn"]
-    return Spent(len(turns), sum(float(getattr(e, "cost_usd", 0.0) or 0.0) for e in turns))
+    state = RunState.fold(events())
+    return Spent(state.turns, state.cost_usd)
 
 
 class ClaudePolicy:

@@ -76,14 +76,14 @@ class ReplayPolicy:
     @classmethod
     def from_record(cls, run_dir: Path, on_row: Callable[[ReplayRow], None] | None = None) -> "ReplayPolicy":
         from agent import records as rec
-        from agent.session import attempts_from_events
+        from agent.run_state import RunState
 
         record = rec.RunRecord.open(run_dir)
         attempts = [RecordedAttempt(number=a.number, title=a.title, rationale=a.rationale, accepted=a.accepted,
                                     speedup=a.figures.get("speedup"), reason=a.reason,
                                     patch=record.read_patch(a.number) if record.patch_path(a.number).is_file() else "",
                                     gate_seconds=a.gate_seconds)
-                    for a in attempts_from_events(record.events())]
+                    for a in RunState.fold(record.events()).attempts]
         return cls(attempts, on_row=on_row)
 
     def run(self, ctx: PolicyContext) -> str:

@@ -129,6 +129,9 @@ class TunerPolicy:
                 rows = self.rank(ctx)
             except _SweepStopped:
                 return ctx.stop_reason() or "stopped"
+            if rows and not any(r.ok for r in rows):  # the best itself failed: the sweep measured nothing
+                raise PolicyToolError(f"sweep: every one of the {len(rows)} settings failed, the current best's "
+                                      f"included (first: {(rows[0].error or '?')[:300]}); nothing ranked is recorded")
             ctx.log("note", text=RANKING_NOTE, data={"rows": [r.model_dump(mode="json") for r in rows]})
         else:
             self.console.print(f"[bold]tuner[/]: the sweep is in the record ({len(rows)} settings); not repeated")
@@ -213,7 +216,8 @@ class TunerPolicy:
         notes = [e for e in ctx.events() if e.kind == "note" and e.text == RANKING_NOTE]
         if not notes:
             return None
-        return [SweepRow.model_validate(r) for r in notes[-1].data.get("rows", [])]
+        rows = [SweepRow.model_validate(r) for r in notes[-1].data.get("rows", [])]
+        return rows if not rows or any(r.ok for r in rows) else None  # all failed (older records): sweep again
 
     @staticmethod
     def judged_settings(ctx) -> set[tuple]:
