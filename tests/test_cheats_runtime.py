@@ -235,22 +235,39 @@ def test_the_best_cannot_be_slowed_from_the_candidates_runner(gate, honest, tmp_
 
 
 def test_a_runner_reaches_neither_the_judge_nor_the_other_runner(gate, honest, tmp_path):
-    """rt_probe_reach writes what it could do into its first output (so the failed check prints it):
-    10000 x (the judge's /proc/<pid>/mem opened for writing) + 1000 x (the other runner found in /proc)
-    + 100 x (its /proc/<pid>/mem opened for writing) + 10 x (kill(other, 0) allowed) + own pid mod 10."""
+    """rt_probe_reach lists /proc and reports what it could do (tests/cheats/rt_probe_reach.cpp): 10000 x
+    (the judge's /proc/<pid>/mem opened for writing) + 1000 x (a sibling runner found) + 100 x (its mem
+    opened for writing) + 10 x (kill(sibling, 0) allowed) + other processes visible (at most 9).
+    Beside a decoy 'libhost' process, in a plain process, it finds the decoy (so it tests something);
+    in a runner it must reach neither. Where runners get PID namespaces of their own
+    (tools.sandbox.status().runner_pidns) it sees no other process at all: not the other runner, whose
+    CPU time in /proc/<pid>/stat would tell it the pair order, and not the judge."""
     import re
+
+    from tools.sandbox import status
 
     built = build(gate.task, src_root=task_copy(tmp_path, "rt_probe_reach"))
     assert built.ok, built.error_text()
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "tools.libhost"])
+    try:
+        r = naive(built.lib, honest.lib)
+    finally:
+        decoy.kill()
+        decoy.wait()
+    assert r["found"] // 1000 % 10 == 1 and r["found"] % 10 >= 1, f"the probe finds no sibling even unconfined: {r}"
+
     v = gate.judge_built(built, honest)
     assert not v.accepted and v.stage == "check", v.summary()
     got = re.search(r"got (\d+)", v.reason)
     assert got, v.summary()
-    code = int(got.group(1))
-    assert code // 1000 % 10 == 1, f"the probe did not find the other runner ({code}): it tests nothing here"
+    code = int(got.group(1)) - 100000
+    assert code >= 0, f"the probe could not run ({code})"
     assert code // 10000 == 0, f"a runner opened the judge's memory for writing ({code})"
     assert code // 100 % 10 == 0, f"a runner opened the other runner's memory for writing ({code})"
     assert code // 10 % 10 == 0, f"a runner may signal the other runner ({code})"
+    if not status().runner_pidns:
+        pytest.skip(f"no PID namespace per runner on this host ({status().runner_pidns_reason}): the sibling is visible")
+    assert code == 0, f"a runner sees other processes in /proc ({code}): its PID namespace is not its own"
 
 
 # A harness with the gate's pass structure, in process: per pass every input set gets fresh values in

@@ -39,7 +39,8 @@ from pydantic import ValidationError
 
 from tools.proc import kill_group, tail
 from tools.protocol import WorkerRequest, WorkerResult
-from tools.sandbox import LOCKDOWN_VAR, keep_secrets_in, minimal_env, status, wrap
+from tools.sandbox import (LOCKDOWN_VAR, RUNNER_PIDNS_VAR, keep_secrets_in, minimal_env, runner_pidns_argv,
+                           runner_pidns_requested, status, wrap)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,10 +62,12 @@ def runner_command(cmd: list[str], *, scratch: Path, readable: list[Path] = (), 
     (e.g. a per-evaluation /dev/shm folder); `lockdown` asks the runner to install the seccomp filter
     (tools.sandbox.lockdown) before it loads untrusted code."""
     extra = {LOCKDOWN_VAR: "1"} if lockdown and status().seccomp else {}
+    if status().runner_pidns:  # the judge starts each of its runners in a PID namespace of its own
+        extra[RUNNER_PIDNS_VAR] = "1"
     env = scrubbed_env(home=scratch) | extra
     gpu = any(Path("/dev").glob("nvidia*"))
     argv = wrap(cmd, readable=[PROJECT_ROOT / "tools", *readable], writable=[scratch, *writable], gpu=gpu,
-                cwd=scratch, env=env)
+                cwd=scratch, env=env, cap_add=status().judge_caps if status().runner_pidns else ())
     return argv, env
 
 
@@ -574,23 +577,18 @@ class RunnerError(Exception):
 
 def spawn_runner(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = (),
                  log_path: Path | None = None) -> subprocess.Popen:
-    """Start one runner process. THE ONLY place runners are spawned: a sandbox wraps exactly `argv`.
+    """Start one runner process. THE ONLY place runners are spawned.
 
-    SANDBOX CALL SITE. Today a runner lives inside its judge's bubblewrap namespaces (run_worker wraps
-    the judge: no network, no other process visible, read-only files but the scratch) and installs
-    the seccomp filter itself (`tools.sandbox.lockdown()` in tools/libhost.py, when KLOOP_LOCKDOWN=1)
-    before the untrusted library loads. A per-runner confinement goes here: if tools/sandbox.py grows a
-    `wrap_argv(argv, env, pass_fds)`, it is applied to exactly this argv.
-    """
-    try:
-        import importlib
-
-        sandbox = importlib.import_module("tools.sandbox")
-        wrap = getattr(sandbox, "wrap_argv", None)
-        if wrap is not None:
-            argv = wrap(argv, env, pass_fds)
-    except ModuleNotFoundError:
-        pass
+    SANDBOX CALL SITE. A runner lives inside its judge's bubblewrap namespaces (run_worker wraps the
+    judge: no network, read-only files but the scratch) and installs the seccomp filter itself
+    (`tools.sandbox.lockdown()` in tools/libhost.py, when KLOOP_LOCKDOWN=1) before the untrusted
+    library loads. Where the session found it works (tools.sandbox.status().runner_pidns, passed as
+    KLOOP_RUNNER_PIDNS=1), `argv` starts under `unshare`: a PID namespace and a /proc of its own, so it
+    sees neither its sibling nor the judge (their CPU time in /proc/<pid>/stat would tell it the pair
+    order). The Popen is then the wrapper; `Runner.pid` finds the runner itself."""
+    prefix = runner_pidns_argv() if runner_pidns_requested() else None
+    if prefix:
+        argv = [*prefix, *argv]
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL
     try:
         return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -612,6 +610,7 @@ def _dies_with_parent() -> None:
 def runner_env() -> dict[str, str]:
     """A minimal environment: no secrets, nothing of the session's beyond what Python and CUDA need."""
     keep = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "HOME", "TMPDIR", LOCKDOWN_VAR)
+    # (RUNNER_PIDNS_VAR stays with the judge: spawn_runner reads it there, a runner starts nothing)
     env = {k: v for k, v in scrubbed_env().items() if k in keep or k in ("PYTHONPATH", "PYTHONUNBUFFERED")}
     if os.environ.get(LOCKDOWN_VAR):  # the judge was asked to have its runners lock down
         env[LOCKDOWN_VAR] = os.environ[LOCKDOWN_VAR]
@@ -641,6 +640,46 @@ class Runner:
         self.busy_s = 0.0  # wall seconds the judge saw this runner working (for the CPU-time audit)
         self.prepared = False  # device, spec and seccomp set up, waiting for its one library
         self.loaded: str | None = None  # the library it loaded (single-use: never a second one)
+        # under `unshare` (spawn_runner) the Popen is the wrapper and the runner its only child
+        self.wrapped = runner_pidns_requested()
+        self._pid: int | None = None if self.wrapped else self.proc.pid
+        # frozen between requests (SIGSTOP after each answer, SIGCONT before the next request): no thread
+        # of the runner can run while the judge flushes, draws, poisons or re-checks (RemoteLib on CPU tasks)
+        self.freeze = False
+        self.frozen = False
+
+    @property
+    def pid(self) -> int:
+        """The runner process itself (in the judge's PID namespace): whose CPU clock, threads and stop
+        state the judge reads. Under the `unshare` wrapper: its child, found once in /proc."""
+        if self._pid is None:
+            deadline = time.monotonic() + 10
+            while self._pid is None:
+                kids = _children(self.proc.pid)
+                if kids:
+                    self._pid = kids[0]
+                elif self.proc.poll() is not None or time.monotonic() > deadline:
+                    return self.proc.pid  # gone (or never forked): reads of it fail like those of a dead runner
+                else:
+                    time.sleep(0.002)
+        return self._pid
+
+    def stop(self) -> None:
+        """Freeze every thread of the runner (it answered; nothing of it may run until the next request)."""
+        if self.freeze and not self.frozen:
+            self._signal(signal.SIGSTOP)
+            self.frozen = True
+
+    def resume(self) -> None:
+        if self.frozen:
+            self._signal(signal.SIGCONT)
+            self.frozen = False
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def prepare(self, spec_path: str | os.PathLike, device: str, timeout: float) -> None:
         """Set up everything but the library (tools/libhost.Host.prepare): a pre-started runner."""
@@ -648,8 +687,18 @@ class Runner:
         self.prepared = True
 
     # -- requests --------------------------------------------------------------------------------
-    def request(self, op: str, timeout: float, fds: list[int] = (), **kw) -> dict:
-        """`fds`: descriptors the runner receives before it reads the request (tools/libhost.Host.bind)."""
+    def request(self, op: str, timeout: float, fds: list[int] = (), keep_running: bool = False, **kw) -> dict:
+        """`fds`: descriptors the runner receives before it reads the request (tools/libhost.Host.bind).
+        A frozen runner (`freeze`) is resumed for the request and stopped again when it answered, unless
+        `keep_running` (a probe's idle window: the caller stops it)."""
+        self.resume()
+        try:
+            return self._request(op, timeout, fds, **kw)
+        finally:
+            if not keep_running:
+                self.stop()
+
+    def _request(self, op: str, timeout: float, fds: list[int], **kw) -> dict:
         if fds:
             self._fds.settimeout(timeout)  # a runner that stops reading its socket cannot hang the judge
             try:
@@ -720,13 +769,13 @@ class Runner:
         """CPU nanoseconds of the whole runner (every thread, exited ones included), read by the kernel's
         per-process CPU clock: exact at the moment of reading, and nothing the runner can forge."""
         try:
-            return time.clock_gettime_ns(((~self.proc.pid) << 3) | 2)  # clock_getcpuclockid(pid): CPUCLOCK_SCHED
+            return time.clock_gettime_ns(((~self.pid) << 3) | 2)  # clock_getcpuclockid(pid): CPUCLOCK_SCHED
         except OSError:
             return self._cpu_ns_proc()
 
     def _cpu_ns_proc(self) -> int:
         total = 0
-        base = f"/proc/{self.proc.pid}/task"
+        base = f"/proc/{self.pid}/task"
         try:
             tids = os.listdir(base)
         except OSError:
@@ -741,14 +790,14 @@ class Runner:
 
     def threads(self) -> int:
         try:
-            return len(os.listdir(f"/proc/{self.proc.pid}/task"))
+            return len(os.listdir(f"/proc/{self.pid}/task"))
         except OSError:
             return 0
 
     def stat_cpu_s(self) -> float:
         """utime + stime of the whole process (dead threads included), in seconds (tick resolution)."""
         try:
-            with open(f"/proc/{self.proc.pid}/stat") as f:
+            with open(f"/proc/{self.pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         except (OSError, ValueError, IndexError):
@@ -756,6 +805,11 @@ class Runner:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
+            if self.wrapped and self._pid is not None:  # the runner first (stopped or not), so its wrapper reaps it
+                try:
+                    os.kill(self._pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
             try:
                 self.proc.kill()
             except ProcessLookupError:
@@ -765,7 +819,7 @@ class Runner:
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self.request("exit", timeout=5)
+                self.request("exit", timeout=5, keep_running=True)
             except RunnerError:
                 pass
         self.kill()
@@ -775,6 +829,23 @@ class Runner:
             except OSError:
                 pass
         self._fds.close()
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (from /proc; the kernel's `children` file is not always built in)."""
+    found = []
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+            if int(stat[stat.rindex(b")") + 2:].split()[1]) == pid:
+                found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return sorted(found)
 
 
 class SharedArena:
