@@ -168,6 +168,7 @@ class ABReport(BaseModel):
     cpu_in_samples_b: float | None = None
     cpu_between_requests_b: float | None = None
     max_parallelism_b: float | None = None  # the largest CPU / wall of one timed request (threads at work)
+    cpu_unattributed_b: float | None = None  # its CPU charged to no sample, probe or untimed call (0: books close)
 
 
 # ---- end to end --------------------------------------------------------------------------------

@@ -42,6 +42,10 @@ class RemoteLib:
         # added to the next timed sample, so every CPU-ns of the runner lands in a sample or a probe
         self._carry_ns = 0
         self.sample_cpu: list[tuple[float, float]] = []  # (wall, CPU) seconds of every CPU timed request
+        # the books: runner CPU from the first read of its clock to the last, and what of it was charged
+        # (to timed samples, probes, untimed calls); `unattributed_ns()` is what no bucket holds
+        self._first_ns: int | None = None
+        self.charged_ns = 0
         self.min_sample_s = SHORT_CALL_S if self.cuda else CPU_MIN_SAMPLE_S
         self.bound: set = set()
         # work after return: the runner's CPU time between an answer and its next request, which an
@@ -77,8 +81,12 @@ class RemoteLib:
         try:
             ins = {k: describe(v, False) for k, v in inputs.items()}
             outs = {k: describe(v, True) for k, v in outputs.items()}
+            c0 = self._gap()
             self.runner.request("bind", self.call_timeout, fds=fds, key=key, dims=dims,
                                 writable_inputs=writable_inputs, inputs=ins, outputs=outs)
+            # the runner ran while it mapped them (a helper thread of its library too): charged to the next sample
+            self._idle_from = self.runner.cpu_ns()
+            self._carry_ns += max(0, self._idle_from - c0)
         finally:
             for fd in fds:  # the runner holds its own copies (or none, if it failed)
                 os.close(fd)
@@ -89,7 +97,7 @@ class RemoteLib:
         to the timed sample it follows, else carried to the next one. Returns the clock's reading."""
         now = self.runner.cpu_ns()
         if self._idle_from is None:
-            self._idle_from = now
+            self._idle_from = self._first_ns = now
             return now
         leak = max(0, now - self._idle_from)
         self._idle_from = now  # read once: a second gap before the next answer charges nothing twice
@@ -98,12 +106,20 @@ class RemoteLib:
             sink, i, k = self._pending
             sink[i] += leak * 1e-9 / k
             self.sample_leaks[-1] += leak * 1e-9 / k
+            self.charged_ns += leak
         else:
             self._carry_ns += leak
         return now
 
     def _answered(self) -> None:
         self._idle_from = self.runner.cpu_ns()
+
+    def unattributed_ns(self) -> int:
+        """Runner CPU between the first and the last read of its clock that no sample, probe or untimed
+        call was charged with (carried CPU not yet charged included): 0 when the books close."""
+        if self._first_ns is None or self._idle_from is None:
+            return 0
+        return self._idle_from - self._first_ns - self.charged_ns
 
     def _settle(self) -> None:
         """The judge's own writes (fresh values, poison) finished before a runner reads the buffers."""
@@ -113,9 +129,10 @@ class RemoteLib:
     def call(self, keys: list) -> None:
         """Untimed calls, in order; returns once the runner's device is idle."""
         self._settle()
-        self._gap()
+        c0 = self._gap()
         self.runner.request("run", self.call_timeout, calls=list(keys))
         self._answered()
+        self.charged_ns += self._idle_from - c0  # the untimed call's own
 
     def sample(self, keys: list, sink: list | None = None) -> float:
         """Seconds per call for the calls `keys` (in order), cache cold before them; appended to `sink`,
@@ -146,6 +163,7 @@ class RemoteLib:
         wall = time.perf_counter() - t0
         c1 = self.runner.cpu_ns()
         self._idle_from = c1
+        self.charged_ns += c1 - c0 + carry
         cpu = (c1 - c0 + carry) * 1e-9
         self.sample_cpu.append((wall, cpu))
         if self.measure == "wall":  # threads allowed: the user waits for the wall; CPU off the clock costs whole
@@ -164,11 +182,11 @@ class RemoteLib:
             self._gap()
             self._pending = None
             self.runner.request("flush", self.call_timeout)
+            c0 = self.runner.cpu_ns()
         else:
             self.timer.flush()  # the runner frozen meanwhile (charged by _gap to the sample it follows)
-            self._gap()
+            c0 = self._gap()
             self._pending = None
-        c0 = self.runner.cpu_ns()
         t0 = time.perf_counter()
         # left running after its answer for the idle window: work after return shows there, then frozen
         reply = self.runner.request("run", self.call_timeout, calls=[key], timed=self.cuda, keep_running=True)
@@ -179,6 +197,7 @@ class RemoteLib:
         time.sleep(idle_s if idle_s == idle_s else IDLE_WINDOW_S)
         self._idle_from = self.runner.cpu_ns()
         self.runner.stop()
+        self.charged_ns += self._idle_from - c0  # the probe's call and its idle window
         idle_cpu = (self._idle_from - c1) * 1e-9
         # CPU beyond the wall: threads working beside the call (beyond `threads` x the wall where allowed)
         beyond = max(0.0, (c1 - c0) * 1e-9 - self.threads * wall)

@@ -195,6 +195,7 @@ def _timing_structure(reports: list, cand) -> None:
     reports[0].cpu_in_samples_b = sum(c for _, c in cand.sample_cpu)
     reports[0].cpu_between_requests_b = cand.after_return_ns * 1e-9
     reports[0].max_parallelism_b = max((c / w for w, c in cand.sample_cpu if w > 0), default=None)
+    reports[0].cpu_unattributed_b = cand.unattributed_ns() * 1e-9
 
 
 def cpu_audit(runners: dict, allowed: int = 1) -> list[str]:
