@@ -103,7 +103,8 @@ THREAD_SYMBOLS = ["pthread_create", "pthread_join", "pthread_self", "pthread_equ
                   "pthread_key_*", "pthread_getspecific", "pthread_setspecific", "__pthread_key_create",
                   "sched_yield", "get_nprocs", "_ZNSt6thread*", "_ZTINSt6thread6_StateE", "_ZTVNSt6thread6_StateE",
                   "_ZNSt15__exception_ptr*", "_ZSt9terminatev", "_ZSt17__throw_system_errori",
-                  "__once_proxy", "__once_callable", "__once_call", "_ZSt15__once_callable", "_ZSt11__once_call"]
+                  "__once_proxy", "__once_callable", "__once_call", "_ZSt15__once_callable", "_ZSt11__once_call",
+                  "_ZTVN10__cxxabiv120__si_class_type_infoE", "_ZTVN10__cxxabiv117__class_type_infoE"]  # the thread state's RTTI
 
 
 def source_rules(threads: int = 1) -> list[tuple[str, str]]:

@@ -41,7 +41,7 @@ class RemoteLib:
         # runner CPU between two reads that no timed sample follows (after a probe, untimed calls): it is
         # added to the next timed sample, so every CPU-ns of the runner lands in a sample or a probe
         self._carry_ns = 0
-        self.sample_cpu: list[tuple[float, float]] = []  # (wall, CPU) seconds of every CPU timed request
+        self.sample_cpu: list[tuple[float, float]] = []  # (wall, CPU within it) seconds of every CPU timed request
         # the books: runner CPU from the first read of its clock to the last, and what of it was charged
         # (to timed samples, probes, untimed calls); `unattributed_ns()` is what no bucket holds
         self._first_ns: int | None = None
@@ -165,7 +165,7 @@ class RemoteLib:
         self._idle_from = c1
         self.charged_ns += c1 - c0 + carry
         cpu = (c1 - c0 + carry) * 1e-9
-        self.sample_cpu.append((wall, cpu))
+        self.sample_cpu.append((wall, (c1 - c0) * 1e-9))  # the request's own (carried CPU is not parallel work)
         if self.measure == "wall":  # threads allowed: the user waits for the wall; CPU off the clock costs whole
             return wall + carry * 1e-9
         return cpu
