@@ -831,6 +831,12 @@ class Runner:
         self._fds.close()
 
 
+def _granule_ceil(nbytes: int, buf) -> int:
+    """`nbytes` rounded up to the allocation granularity the buffer was made with (its size where unknown)."""
+    g = int(getattr(buf, "granularity", 0) or 0)
+    return -(-max(nbytes, 1) // g) * g if g > 0 else buf.size
+
+
 def _children(pid: int) -> list[int]:
     """Processes whose parent is `pid` (from /proc; the kernel's `children` file is not always built in)."""
     found = []
@@ -852,8 +858,9 @@ class SharedArena:
     """Tensors the judge allocates for runners, reachable by no name. CPU: each tensor in its own file,
     created in a private /dev/shm folder and unlinked at once, mapped here read-write; a runner gets a
     descriptor of it beside the request (read-only for an input, whose file is also made read-only,
-    so no reopening makes it writable) and maps it as told. CUDA: inputs in device memory the runner
-    maps read-only (tools/vmm.py); outputs plain device tensors passed as IPC handles."""
+    so no reopening makes it writable) and maps it as told. CUDA: every tensor in device memory of its
+    own (tools/vmm.py), sent as a descriptor: inputs mapped read-only by the runner, outputs read-write,
+    never a CUDA IPC handle (which maps a whole segment of the judge's allocator)."""
 
     def __init__(self, device, root: Path | None = None):
         import torch
@@ -902,9 +909,10 @@ class SharedArena:
         return shared
 
     def share_dict(self, d: dict, inputs: bool = False) -> dict:
-        """`inputs`: the inputs of a call; on CUDA each goes in its own exported device buffer, which a
-        runner can only map read-only (on the CPU the runner maps every input file read-only)."""
-        if inputs and self.cuda:
+        """`inputs`: the inputs of a call. On CUDA every tensor, input or output, goes in its own exported
+        device buffer (an input's the runner can only map read-only): a runner's mapping of it holds that
+        tensor and nothing else of the judge's. On the CPU each is a file of its own, inputs read-only."""
+        if self.cuda:
             return {k: self._share_device(v) for k, v in d.items()}
         return {k: self.share(v, read_only=inputs) for k, v in d.items()}
 
@@ -929,14 +937,20 @@ class SharedArena:
         if not isinstance(t, torch.Tensor):
             return ("value", t)
         if self.cuda:
+            if t.numel() == 0:
+                return ("empty", str(t.dtype), tuple(t.shape))
             ref = self.exported.get(t.untyped_storage().data_ptr())
             buf = ref() if ref is not None else None
             if buf is not None and buf.ptr == t.untyped_storage().data_ptr():
+                nbytes = t.numel() * t.element_size()
+                if t.storage_offset() or nbytes > buf.size or buf.size > _granule_ceil(nbytes, buf):
+                    raise ValueError(f"a {nbytes}-byte tensor in a {buf.size}-byte device buffer: a runner's "
+                                     "mapping must hold the tensor and nothing else")
                 return ("vmm", buf.export(), buf.size, str(t.dtype), tuple(t.shape))
-            from torch.multiprocessing.reductions import reduce_tensor
-
-            rebuild, args = reduce_tensor(t)
-            return ("cuda", rebuild, args)
+            # a CUDA IPC handle of torch's allocator maps its whole segment, other tensors of the judge's
+            # (references, inputs' copies) with it: never sent
+            raise ValueError("CUDA tensor not shared through this arena (tools/vmm.py): an IPC handle of the "
+                             "caching allocator would map the judge's whole allocator segment")
         nbytes = t.numel() * t.element_size()
         if nbytes == 0:
             return ("empty", str(t.dtype), tuple(t.shape))
