@@ -116,10 +116,11 @@ class RemoteLib:
 
     def unattributed_ns(self) -> int:
         """Runner CPU between the first and the last read of its clock that no sample, probe or untimed
-        call was charged with (carried CPU not yet charged included): 0 when the books close."""
+        call was charged with, nor carried to the next sample: 0 when the books close (a read of the
+        clock that skips them, as the one after the judge's flush once did, shows here)."""
         if self._first_ns is None or self._idle_from is None:
             return 0
-        return self._idle_from - self._first_ns - self.charged_ns
+        return self._idle_from - self._first_ns - self.charged_ns - self._carry_ns
 
     def _settle(self) -> None:
         """The judge's own writes (fresh values, poison) finished before a runner reads the buffers."""
