@@ -37,7 +37,8 @@ from typing import Iterable, Mapping
 
 DISABLE_VAR = "KLOOP_SANDBOX"  # "off": run without the sandbox (and say so)
 LOCKDOWN_VAR = "KLOOP_LOCKDOWN"  # "1" in a runner's environment: call lockdown() before untrusted code
-# "1" in the judge's environment: start every runner in a PID namespace of its own (runner_pidns_argv)
+# "1" in the judge's environment: start every runner in a PID namespace of its own (runner_pidns_argv);
+# "off" in the session's: do not (status() says why)
 RUNNER_PIDNS_VAR = "KLOOP_RUNNER_PIDNS"
 # variables a child may inherit (values from this process); everything else is dropped
 INHERITED = (
@@ -166,7 +167,10 @@ def runner_pidns_requested(environ: Mapping[str, str] | None = None) -> bool:
 
 def _probe_runner_pidns(bwrap_ok: bool) -> tuple[bool, str, tuple[str, ...]]:
     """Whether a judge here can start its runners in PID namespaces of their own: (ok, what, the
-    capabilities the judge's bwrap must keep). Run where the judge runs: inside bwrap when it works."""
+    capabilities the judge's bwrap must keep). Run where the judge runs: inside bwrap when it works.
+    KLOOP_RUNNER_PIDNS=off in the session's environment turns it off (and says so)."""
+    if os.environ.get(RUNNER_PIDNS_VAR, "").lower() in ("off", "0", "no", "false"):
+        return False, f"disabled by {RUNNER_PIDNS_VAR}={os.environ[RUNNER_PIDNS_VAR]}", ()
     prefix = runner_pidns_argv()
     if prefix is None:
         return False, "util-linux `unshare` is not installed", ()
