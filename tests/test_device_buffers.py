@@ -80,3 +80,20 @@ def test_a_view_into_a_larger_buffer_is_refused(arena):
     buf.size = 4 * GRANULE  # as if the buffer held more than this tensor
     with pytest.raises(ValueError, match="nothing else"):
         arena.describe(out, writable=True)
+
+
+def test_cpu_buffers_are_one_unlinked_file_each_of_the_tensors_size(tmp_path):
+    """The CPU equivalent: every tensor in a shared-memory file of its own, unlinked at once, exactly
+    its size; a runner gets a descriptor of that file and nothing else of the judge's memory."""
+    a = SharedArena(torch.device("cpu"), root=tmp_path)
+    try:
+        shared = a.share_dict({"x": torch.randn(7, 3), "y": torch.empty(5)})
+        assert not any(a.dir.iterdir())  # no name left to reopen
+        for t in shared.values():
+            desc = a.describe(t, writable=True)
+            try:
+                assert desc[0] == "fd" and os.fstat(desc[1]).st_size == t.numel() * t.element_size() == desc[4]
+            finally:
+                os.close(desc[1])
+    finally:
+        a.close()
