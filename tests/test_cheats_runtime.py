@@ -380,10 +380,11 @@ print(json.dumps({"speedup": t_h / t_x, "wrong": wrong_x}))
 
 def test_work_in_the_window_between_calls_is_charged(gate, honest, tmp_path):
     """rt_window_thread: a helper thread (no import) computes each set's output in the harness's own
-    time between calls (issue 20: accepted 4 of 9 times at x1.86-2.27 by the gate of 7546d11, whose
-    clock charged no sample from a cold probe to the next sample, nor the judge's flush). Runners are
-    now frozen between requests and every CPU-ns of theirs is charged to a sample or a probe: the
-    helper can work only inside a timed request, beside the call, where its CPU beyond the wall shows."""
+    time between calls (issue 20: the family was accepted 4 of 9 times at x1.86-2.27 by the gate of
+    7546d11, whose clock charged no sample from a cold probe to the next sample, nor the judge's flush;
+    this version also works in charged gaps, so 7546d11 already rejects it as work after return).
+    Runners are now frozen between requests and every CPU-ns of theirs is charged: the helper can work
+    only inside a timed request, beside the call, and its CPU lands in that sample."""
     built = build(gate.task, src_root=task_copy(tmp_path, "rt_window_thread"))
     assert built.ok, built.error_text()
     proc = subprocess.run([sys.executable, "-c", NAIVE_WINDOW, built.lib, honest.lib, "128", "4", "6"],
@@ -397,12 +398,10 @@ def test_work_in_the_window_between_calls_is_charged(gate, honest, tmp_path):
     assert v.ab is not None, v.summary()
     assert v.ab.measure == "cpu" and v.ab.cpu_in_samples_b > 0, v.ab
     assert abs(v.ab.cpu_unattributed_b) < 1e-3 * v.ab.cpu_in_samples_b, v.ab
-    if v.accepted:
-        # what is left is work moved between calls: the helper computes the next sets during this call,
-        # so per-pair ratios swing both ways while the workload's summed CPU is the honest one. The
-        # per-pair trimmed mean can read that as a gain (seen here: x2.23 [1.24, 4.01] on the 2-core box
-        # under load); a ratio of workload times (issue 20, the statistics half) cannot.
-        pytest.xfail(f"work moved between calls, for the workload-ratio estimator to reject: {v.summary()}")
+    # what is left is work moved between calls (the helper computes the next sets beside this call): the
+    # per-pair trimmed mean (7546d11's statistic) read x2.23 [1.24, 4.01] on this branch before the
+    # workload ratio landed (2-core box, under load); the ratio of workload times sees the summed CPU
+    assert not v.accepted, v.summary()
     assert v.stage in ("timing", "undecided"), v.summary()
 
 
