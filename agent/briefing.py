@@ -77,7 +77,7 @@ def briefing_fields(session) -> dict[str, str]:
         f" and ||out-ref||/||ref|| <= {tol.norm_rtol:g}" if tol.norm_rtol is not None else "")
     for name, t in m.tolerance_for.items():
         tol_text += f"; output {name}: atol {t.atol:g}, rtol {t.rtol:g}" + (f", norm {t.norm_rtol:g}" if t.norm_rtol is not None else "")
-    from agent.gate import DEFAULT_FORBIDDEN
+    from tools.audit import source_rules
 
     forbidden = [f"- `{f.pattern}`: {f.reason}" for f in m.forbidden]
     if m.target == "triton":  # rules on the Python AST (tools/triton_rules.py), not C patterns
@@ -87,7 +87,7 @@ def briefing_fields(session) -> dict[str, str]:
                       "- changing a kernel's parameters: the launch (signature, constexprs, grid) is the task's "
                       f"({', '.join(f'{k.name}({chr(44).join(k.signature)})' for k in m.triton.kernels)})"]
     else:
-        forbidden += [f"- `{p}`: {r}" for p, r in DEFAULT_FORBIDDEN]
+        forbidden += [f"- `{p}`: {r}" for p, r in source_rules(m.threads)]
     files = task.editable_files(session.ws.task_path)
     return {
         "task_name": m.name,

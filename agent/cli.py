@@ -488,6 +488,9 @@ def _print_sandbox(sandbox: dict) -> None:
     """One line on what isolates untrusted kernel code; loud where nothing does."""
     if sandbox.get("available"):
         err_console.print(f"  sandbox  {sandbox.get('mechanism')}", highlight=False)
+        if "runner_pidns" in sandbox and not sandbox["runner_pidns"]:
+            err_console.print(f"[yellow]  runner PID namespaces unavailable ({sandbox.get('runner_pidns_reason')}): "
+                              "a runner can read the other runner's /proc (its CPU time)[/]", highlight=False)
     else:
         err_console.print(f"[bold red]WARNING: no sandbox ({sandbox.get('reason') or 'unknown'}): untrusted kernel code "
                           "runs with your user's rights. Use --require-sandbox to refuse this.[/]", highlight=False)

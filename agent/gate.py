@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tools.scope import change_refusal, symlink_component
 from tools.task import KNOBS_FILE, TaskError, load_task
-from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_task_build
+from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_task_build, source_rules
 from tools.build import BuildResult, build
 from tools.fmt import fmt_ms, fmt_num, fmt_speedup, fmt_us
 from tools.protocol import ABReport, CheckReport, DeviceInfo, E2EReport, WorkerRequest
@@ -222,7 +222,7 @@ class Gate:
 
             hits += [str(v) for v in check_task_sources(self.task, cand.task_dir)]
         else:
-            rules = [(p, r) for p, r in DEFAULT_FORBIDDEN] + rules
+            rules = [(p, r) for p, r in source_rules(self.task.manifest.threads)] + rules
         for rel in self.task.editable_files(cand.task_dir):
             text = strip_comments((cand.task_dir / rel).read_text(errors="replace"))
             for pattern, reason in rules:

@@ -8,6 +8,9 @@ each does). For each task:
   (scores near +-100, a late max, denormals, ...); the reference on them is finite;
 - honest torch versions of the kernel (fp32 math, as the baselines do it) pass them under the task's own
   tolerance and comparison (tools.check.compare, as the gate uses it);
+- the hazards are also planted in every shape, the timed ones included, at positions drawn from the
+  generator (tools.spec.adversarial_rows): a shortcut kept off the adversarial check shapes, or off
+  softmax's old fixed rows (row % 8), fails the ordinary and timed shapes too;
 - the key property: a *shortcut* (no max subtraction, a stale running max, an exp2 that wraps, fp16
   pieces of fp32 values, denormals flushed to zero, one owning sequence per KV page) passes every ordinary check shape (those without
   `inputs`; for paged_decode the small ones: the bench shapes it also checks are too large for a CPU
@@ -197,7 +200,7 @@ def test_matmul_range_and_denormal_inputs():
     x = _inputs("matmul_cpu", task.shape("denormal").dims)
     tiny = torch.finfo(torch.float32).tiny
     den = (x["a"] != 0) & (x["a"].abs() < tiny)
-    assert den.any(dim=0).sum() >= 1 and (x["a"][1] == 0).all()
+    assert den.any(dim=0).sum() >= 1 and (x["a"] == 0).all(dim=1).sum() >= 1  # zero rows of A (drawn)
     cols = den.any(dim=0)
     assert (x["a"][:, cols].abs() < tiny).all()  # a denormal column holds no normal value (no overflow)
     assert x["b"][cols].abs().min() > 1e37 and torch.isfinite(x["b"]).all()
@@ -330,14 +333,71 @@ def test_honest_versions_pass_every_row(name, label, impl):
             assert _passes(name, s.dims, x, impl(s.dims, x), ref), (label, s.name, seed)
 
 
+# input kinds the specs also plant in every shape, the timed ones included, at positions drawn from the
+# secret-seeded generator (tools.spec.adversarial_rows): a shortcut they catch fails ordinary shapes too
+PLANTED = {"matmul_cpu": {"range", "denormal"}, "flash_attn_fwd": {"large", "ramp"}, "paged_decode": {"large", "late"}}
+
+
 @pytest.mark.parametrize("name,label,impl,kinds", SHORTCUTS, ids=[f"{n}-{lbl}" for n, lbl, _, _ in SHORTCUTS])
-def test_shortcut_passes_ordinary_rows_and_fails_adversarial_ones(name, label, impl, kinds):
-    for s in _ordinary(name):
-        x, ref = _case(name, s, 1)
-        assert _passes(name, s.dims, x, impl(s.dims, x), ref), f"{label} already fails ordinary {s.name}"
+def test_shortcut_fails_adversarial_rows_and_planted_ordinary_ones(name, label, impl, kinds):
     targets = _adversarial(name, kinds)
     assert targets
     for s in targets:
         for seed in (1, 2, 3):
             x, ref = _case(name, s, seed)
             assert not _passes(name, s.dims, x, impl(s.dims, x), ref), f"{label} passes adversarial {s.name} (seed {seed})"
+    passed = [s.name for s in _ordinary(name) if _passes(name, s.dims, *(lambda c: (c[0], impl(s.dims, c[0]), c[1]))(_case(name, s, 1)))]
+    if kinds & PLANTED[name]:  # no longer only where the check shapes are known to be adversarial
+        assert len(passed) < len(_ordinary(name)), f"{label} passes every ordinary shape: {passed}"
+    else:
+        assert len(passed) == len(_ordinary(name)), f"{label} already fails ordinary shapes"
+
+
+def _unless_check_only(shortcut, honest, check_only_dims):
+    """A kernel that knows the manifest: exact on the adversarial check shapes (by their sizes), the
+    shortcut everywhere else, the timed shapes included."""
+    def run(dims, x):
+        key = tuple(sorted((k, v) for k, v in dims.items() if k != "inputs"))
+        return honest(dims, x) if key in check_only_dims else shortcut(dims, x)
+    return run
+
+
+@pytest.mark.parametrize("label,shortcut", [("fp16_pieces", _fp16_pieces), ("flush_denormals", _flush_denormals)])
+def test_a_matmul_shortcut_kept_off_the_adversarial_check_shapes_fails_the_timed_ones(label, shortcut):
+    """Before the hazards were planted in every shape, such a kernel passed every check (the adversarial
+    shapes got the exact path) and the re-checks of its timed calls (the bench shapes held N(0,1) only)."""
+    task, _ = _load("matmul_cpu")
+    check_only = {tuple(sorted((k, v) for k, v in s.dims.items() if k != "inputs")) for s in _adversarial("matmul_cpu")}
+    kernel = _unless_check_only(shortcut, lambda d, x: {"c": x["a"] @ x["b"]}, check_only)
+    for s in _adversarial("matmul_cpu"):
+        x, ref = _case("matmul_cpu", s, 1)
+        assert _passes("matmul_cpu", s.dims, x, kernel(s.dims, x), ref), s.name
+    for s in task.bench_shapes:
+        for seed in (1, 2, 3):
+            x, ref = _case("matmul_cpu", s, seed)
+            assert not _passes("matmul_cpu", s.dims, x, kernel(s.dims, x), ref), f"{label} passes timed {s.name} (seed {seed})"
+
+
+def test_a_softmax_shortcut_kept_off_the_old_fixed_rows_fails():
+    """softmax's adversarial rows sat at row % 8 in (1, 2, 3), which the agent can read in spec.py: a
+    kernel taking the safe path there and skipping the max subtraction elsewhere passed. The rows now
+    sit where the secret seed puts them, in every shape (the bench shapes' timed calls too)."""
+    task = load_task(KERNELS / "softmax")
+    spec = load_spec(task.spec_path)
+    tol = task.tolerance("y")
+
+    def kernel(x):
+        xf = x.float()
+        safe = torch.softmax(xf, -1)
+        e = torch.exp(xf)  # no max subtraction: overflows on large and flat rows
+        fast = e / e.sum(-1, keepdim=True)
+        old_rows = (torch.arange(x.shape[0]) % 8 >= 1) & (torch.arange(x.shape[0]) % 8 <= 3)
+        return torch.where(old_rows[:, None], safe, fast).bfloat16()
+
+    shapes = [s for s in task.check_shapes if s.dims["rows"] * s.dims["cols"] <= 1 << 20 and s.dims["rows"] >= 8]
+    assert shapes
+    failed = 0
+    for s in shapes:
+        x = spec.make_inputs(s.dims, torch.Generator().manual_seed(11), CPU)
+        failed += not compare("y", kernel(x["x"]), spec.reference(s.dims, x)["y"], tol.atol, tol.rtol, tol.norm_rtol).passed
+    assert failed == len(shapes), f"the old-position shortcut passed {len(shapes) - failed} of {len(shapes)} shapes"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import shutil
 import subprocess
 import sys
@@ -235,22 +236,39 @@ def test_the_best_cannot_be_slowed_from_the_candidates_runner(gate, honest, tmp_
 
 
 def test_a_runner_reaches_neither_the_judge_nor_the_other_runner(gate, honest, tmp_path):
-    """rt_probe_reach writes what it could do into its first output (so the failed check prints it):
-    10000 x (the judge's /proc/<pid>/mem opened for writing) + 1000 x (the other runner found in /proc)
-    + 100 x (its /proc/<pid>/mem opened for writing) + 10 x (kill(other, 0) allowed) + own pid mod 10."""
+    """rt_probe_reach lists /proc and reports what it could do (tests/cheats/rt_probe_reach.cpp): 10000 x
+    (the judge's /proc/<pid>/mem opened for writing) + 1000 x (a sibling runner found) + 100 x (its mem
+    opened for writing) + 10 x (kill(sibling, 0) allowed) + other processes visible (at most 9).
+    Beside a decoy 'libhost' process, in a plain process, it finds the decoy (so it tests something);
+    in a runner it must reach neither. Where runners get PID namespaces of their own
+    (tools.sandbox.status().runner_pidns) it sees no other process at all: not the other runner, whose
+    CPU time in /proc/<pid>/stat would tell it the pair order, and not the judge."""
     import re
+
+    from tools.sandbox import status
 
     built = build(gate.task, src_root=task_copy(tmp_path, "rt_probe_reach"))
     assert built.ok, built.error_text()
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "tools.libhost"])
+    try:
+        r = naive(built.lib, honest.lib)
+    finally:
+        decoy.kill()
+        decoy.wait()
+    assert r["found"] // 1000 % 10 == 1 and r["found"] % 10 >= 1, f"the probe finds no sibling even unconfined: {r}"
+
     v = gate.judge_built(built, honest)
     assert not v.accepted and v.stage == "check", v.summary()
     got = re.search(r"got (\d+)", v.reason)
     assert got, v.summary()
-    code = int(got.group(1))
-    assert code // 1000 % 10 == 1, f"the probe did not find the other runner ({code}): it tests nothing here"
+    code = int(got.group(1)) - 100000
+    assert code >= 0, f"the probe could not run ({code})"
     assert code // 10000 == 0, f"a runner opened the judge's memory for writing ({code})"
     assert code // 100 % 10 == 0, f"a runner opened the other runner's memory for writing ({code})"
     assert code // 10 % 10 == 0, f"a runner may signal the other runner ({code})"
+    if not status().runner_pidns:
+        pytest.skip(f"no PID namespace per runner on this host ({status().runner_pidns_reason}): the sibling is visible")
+    assert code == 0, f"a runner sees other processes in /proc ({code}): its PID namespace is not its own"
 
 
 # A harness with the gate's pass structure, in process: per pass every input set gets fresh values in
@@ -331,3 +349,93 @@ def test_work_spread_over_calls_fools_the_old_statistic_and_not_the_gate(cheat, 
         assert v.ab.speedup < most, v.summary()
     if cheat == "rt_sacrifice" and v.stage == "timing":
         assert "regression beyond the allowance" in v.reason, v.summary()
+# A harness that charges the calls only: fresh values and poison for every set, then its own work (a
+# cache flush, references, bookkeeping: 100 ms here), then each call timed on its own, each output compared.
+NAIVE_WINDOW = r"""
+import ctypes, json, sys, time, torch
+cheat, honest, n, sets, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+torch.manual_seed(0); torch.set_num_threads(1)
+def load(p):
+    lib = ctypes.CDLL(p); lib.kloop_matmul.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3; return lib
+def call(lib, a, b, c):
+    lib.kloop_matmul(a.data_ptr(), b.data_ptr(), c.data_ptr(), a.shape[0], b.shape[1], a.shape[1])
+def timed(lib):
+    S = [(torch.empty(n, n), torch.empty(n, n), torch.empty(n, n)) for _ in range(sets)]
+    ts, wrong = [], 0
+    for r in range(rounds):
+        for a, b, c in S:
+            a.normal_(); b.normal_(); c.fill_(float('nan'))
+        time.sleep(0.1)
+        for a, b, c in S:
+            t = time.perf_counter(); call(lib, a, b, c); ts.append(time.perf_counter() - t)
+            wrong += not torch.allclose(c, a @ b, rtol=1e-3, atol=1e-3)
+    ts.sort()
+    return ts[len(ts) // 2], wrong
+h, x = load(honest), load(cheat)
+t_h, _ = timed(h)
+t_x, wrong_x = timed(x)
+print(json.dumps({"speedup": t_h / t_x, "wrong": wrong_x}))
+"""
+
+
+def test_work_in_the_window_between_calls_is_charged(gate, honest, tmp_path):
+    """rt_window_thread: a helper thread (no import) computes each set's output in the harness's own
+    time between calls (issue 20: the family was accepted 4 of 9 times at x1.86-2.27 by the gate of
+    7546d11, whose clock charged no sample from a cold probe to the next sample, nor the judge's flush;
+    this version also works in charged gaps, so 7546d11 already rejects it as work after return).
+    Runners are now frozen between requests and every CPU-ns of theirs is charged: the helper can work
+    only inside a timed request, beside the call, and its CPU lands in that sample."""
+    built = build(gate.task, src_root=task_copy(tmp_path, "rt_window_thread"))
+    assert built.ok, built.error_text()
+    proc = subprocess.run([sys.executable, "-c", NAIVE_WINDOW, built.lib, honest.lib, "128", "4", "6"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["wrong"] == 0 and r["speedup"] > 5, f"rt_window_thread does not fool the naive harness: {r}"
+    v = gate.judge_built(built, honest)
+    # every CPU-ns of the candidate's runner went to a sample, a probe or an untimed call: the helper's
+    # work costs what it costs (frozen between requests, it can only work beside a timed call)
+    assert v.ab is not None, v.summary()
+    assert v.ab.measure == "cpu" and v.ab.cpu_in_samples_b > 0, v.ab
+    assert abs(v.ab.cpu_unattributed_b) < 1e-3 * v.ab.cpu_in_samples_b, v.ab
+    # what is left is work moved between calls (the helper computes the next sets beside this call): the
+    # per-pair trimmed mean (7546d11's statistic) read x2.23 [1.24, 4.01] on this branch before the
+    # workload ratio landed (2-core box, under load); the ratio of workload times sees the summed CPU
+    assert not v.accepted, v.summary()
+    assert v.stage in ("timing", "undecided"), v.summary()
+
+
+def test_a_frozen_runner_uses_no_cpu_between_requests(gate, tmp_path):
+    """The window closed at its source: between requests a CPU runner is stopped (SIGSTOP), so
+    rt_window_thread's helper, which polls its sets every 100 us while it runs, gets no CPU at all."""
+    from tools.remote import LibSession
+
+    built = build(gate.task, src_root=task_copy(tmp_path, "rt_window_thread"))
+    assert built.ok, built.error_text()
+    with LibSession(gate.task, [built.lib]) as s:
+        lib, runner = s.libs[0], s.libs[0].runner
+        import torch
+        from tools.spec import load_spec
+
+        spec = load_spec(gate.task.spec_path)
+        dims = gate.task.shape("odd").dims
+        inputs = s.arena.share_dict(spec.make_inputs(dims, torch.Generator().manual_seed(1), s.device), inputs=True)
+        lib.bind("k", dims, inputs, s.arena.share_dict(spec.make_outputs(dims, inputs)))
+        lib.call(["k"])  # the first call starts the helper thread
+        assert runner.frozen and runner.threads() >= 2
+
+        def state() -> str:
+            return Path(f"/proc/{runner.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+        for _ in range(500):  # the stop lands asynchronously
+            if state() == "T":
+                break
+            time.sleep(0.002)
+        assert state() == "T"
+        c0 = runner.cpu_ns()
+        time.sleep(0.2)
+        assert runner.cpu_ns() == c0, "a frozen runner's helper thread ran"
+        runner.resume()
+        time.sleep(0.2)
+        assert runner.cpu_ns() > c0, "the helper thread does not run even when resumed: this tests nothing"
+        runner.stop()

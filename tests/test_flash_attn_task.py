@@ -71,8 +71,10 @@ def test_reference_chunking(spec, monkeypatch):
     whole = spec.reference(shape, inputs)
     monkeypatch.setattr(spec.module, "_CHUNK_BYTES", 50 * 4 * 7)  # 7 query rows per chunk, 1 head
     parts = spec.reference(shape, inputs)
-    torch.testing.assert_close(parts["o"], whole["o"], atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(parts["lse"], whole["lse"], atol=1e-6, rtol=1e-6)
+    # fp32 summed in another order; one of the two heads holds planted large scores (~N(0, 30^2)), whose
+    # peaked softmax rounds a little differently (6e-6 seen): far below the task's bf16 tolerance
+    torch.testing.assert_close(parts["o"], whole["o"], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(parts["lse"], whole["lse"], atol=2e-5, rtol=2e-5)
 
 
 def test_flops_and_bytes(spec):

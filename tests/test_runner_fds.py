@@ -55,6 +55,9 @@ class _Runner:
     def __init__(self, fail: bool):
         self.fail, self.sent = fail, None
 
+    def cpu_ns(self) -> int:  # the judge reads the runner's CPU clock around every request
+        return 0
+
     def request(self, op, timeout, fds=(), **kw):
         self.sent = (list(fds), kw)
         if self.fail:

@@ -31,8 +31,8 @@ pytestmark = pytest.mark.slow
 
 
 def tree_pids(root: int | None = None, python_only: bool = False) -> set[int]:
-    """Judge and runner processes below `root` (default: this process), with the bwrap processes
-    around them unless `python_only`."""
+    """Judge and runner processes below `root` (default: this process), with the bwrap and unshare
+    processes around them (the sandbox, each runner's PID namespace) unless `python_only`."""
     out = set()
     for pid in _descendants(root or os.getpid()):
         try:
@@ -40,7 +40,7 @@ def tree_pids(root: int | None = None, python_only: bool = False) -> set[int]:
         except OSError:
             continue
         if any(a in (b"tools.worker", b"tools.libhost") for a in argv):
-            if not (python_only and argv[0].endswith(b"bwrap")):
+            if not (python_only and argv[0].endswith((b"bwrap", b"unshare"))):
                 out.add(pid)
     return out
 

@@ -35,13 +35,18 @@ from tools.sandbox import minimal_env
 
 # ---- the source rules (also applied to raw sources by the gate's static stage) -----------------
 
+# lifted where the manifest allows threads (`threads` > 1: tools/remote.py then times the wall clock)
+THREAD_RULE = (r"\bstd::(thread|jthread|async)\b|\bpthread_create\b",
+               "no background threads (the manifest's `threads` allows them): work outside the call skews the timing")
+
 SOURCE_RULES: list[tuple[str, str]] = [
     (r"\bcudaStreamCreate\w*|\bcudaStreamPerThread\b|\bcudaLaunchHostFunc\b|\bcudaStreamAddCallback\b",
      "work must run on the stream the harness passes in: other streams escape the timing"),
     (r"\b(dlopen|dlsym|popen|system|fork|execv|execl|execvp|syscall)\s*\(",
      "a kernel library must not load other code or start processes"),
-    (r"\bstd::(thread|jthread|async)\b|\bpthread_create\b|\bcuStreamCreate\w*|\bcuLaunch\w*",
-     "no background threads or driver-API streams: work outside the call (or beside the other build) skews the timing"),
+    THREAD_RULE,
+    (r"\bcuStreamCreate\w*|\bcuLaunch\w*",
+     "no driver-API streams: work outside the call (or beside the other build) skews the timing"),
     (r"\b(fopen|ifstream|ofstream|mmap|openat|open|creat)\s*\(|\b(ifstream|ofstream)\b|std::filesystem|/proc/",
      "a kernel library must not read or write files (the harness's files included)"),
     (r"__attribute__\s*\(\([^;{]*?\b(constructor|destructor|ifunc|init_priority)\b|\.incbin\b|\bgnu::(constructor|destructor)\b",
@@ -92,6 +97,19 @@ CUDA_SYMBOLS = CPU_SYMBOLS + [
     "cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapReplaceAddress",
 ]
 TARGET_SYMBOLS = {"cpu": CPU_SYMBOLS, "cuda": CUDA_SYMBOLS}
+# what std::thread / pthreads import, allowed where the manifest's `threads` > 1 (CPU tasks)
+THREAD_SYMBOLS = ["pthread_create", "pthread_join", "pthread_self", "pthread_equal", "pthread_once",
+                  "pthread_attr_*", "pthread_mutex_*", "pthread_cond_*", "pthread_barrier_*", "pthread_spin_*",
+                  "pthread_key_*", "pthread_getspecific", "pthread_setspecific", "__pthread_key_create",
+                  "sched_yield", "get_nprocs", "_ZNSt6thread*", "_ZTINSt6thread6_StateE", "_ZTVNSt6thread6_StateE",
+                  "_ZNSt15__exception_ptr*", "_ZSt9terminatev", "_ZSt17__throw_system_errori",
+                  "__once_proxy", "__once_callable", "__once_call", "_ZSt15__once_callable", "_ZSt11__once_call",
+                  "_ZTVN10__cxxabiv120__si_class_type_infoE", "_ZTVN10__cxxabiv117__class_type_infoE"]  # the thread state's RTTI
+
+
+def source_rules(threads: int = 1) -> list[tuple[str, str]]:
+    """The source rules for a task allowing `threads` threads (above 1: the thread rule lifted)."""
+    return [r for r in SOURCE_RULES if threads <= 1 or r is not THREAD_RULE]
 
 CUDA_REGISTRATION = "__sti____cudaRegisterAll"
 LOAD_TIME_SECTIONS = (".init_array", ".ctors", ".preinit_array", ".fini_array", ".dtors")
@@ -129,7 +147,7 @@ class AuditError(Exception):
 # ---- the audit ---------------------------------------------------------------------------------
 
 def audit_build(build_dir: Path, target: str, *, sources: list[str], allowed_symbols: list[str] = (),
-                extra_rules: list[tuple[str, str]] = ()) -> AuditReport:
+                extra_rules: list[tuple[str, str]] = (), threads: int = 1) -> AuditReport:
     """Audit the build folder of tools/build.py: src/ = the task's copy; obj/<source>.o its objects,
     obj/<source>.o.d the compiler's dependency lists, obj/<source>.i the preprocessed sources.
     `extra_rules`: (pattern, reason) of the manifest's `forbidden`, applied to preprocessed text too."""
@@ -153,7 +171,7 @@ def audit_build(build_dir: Path, target: str, *, sources: list[str], allowed_sym
         pre = build_dir / "obj" / f"{src}.i"
         if not pre.is_file():
             raise AuditError(f"{pre}: the preprocessed source is missing")
-        findings += preprocessed_findings(pre.read_text(errors="replace"), src_dir, [*SOURCE_RULES, *extra_rules])
+        findings += preprocessed_findings(pre.read_text(errors="replace"), src_dir, [*source_rules(threads), *extra_rules])
     return AuditReport(ok=not findings, findings=_dedup(findings), objects=objects, headers=deps[1])
 
 
@@ -166,8 +184,10 @@ def audit_task_build(task, build_dir: Path) -> AuditReport:
         from tools.triton_build import audit_triton_build
 
         return audit_triton_build(task, Path(build_dir))
-    return audit_build(Path(build_dir), m.target, sources=m.sources, allowed_symbols=m.allowed_symbols,
-                       extra_rules=[(f.pattern, f.reason) for f in m.forbidden])
+    threads = getattr(m, "threads", 1)
+    return audit_build(Path(build_dir), m.target, sources=m.sources,
+                       allowed_symbols=[*m.allowed_symbols, *(THREAD_SYMBOLS if threads > 1 else [])],
+                       extra_rules=[(f.pattern, f.reason) for f in m.forbidden], threads=threads)
 
 
 def audit_line(report: AuditReport | None, error: str | None = None) -> str:

@@ -139,11 +139,8 @@ class Host:
             fd, fds[index] = fds[index], None
             buf = vmm.ImportedBuffer(fd, size, self.device.index or 0, writable=writable is True)
             return vmm.as_tensor(buf, _DTYPES[dtype], shape)
-        if kind == "cuda":
-            rebuild, args = desc[1], desc[2]
-            return rebuild(*args)
         if kind == "empty":
-            return torch.empty(desc[2], dtype=_DTYPES[desc[1]])
+            return torch.empty(desc[2], dtype=_DTYPES[desc[1]], device=self.device)
         if kind != "fd":
             raise ValueError(f"unknown buffer description {kind!r}")
         # a shared-memory file the judge allocated, by descriptor (it has no name any more): inputs come

@@ -160,6 +160,15 @@ class ABReport(BaseModel):
     pairs: int = 0
     timing_seconds: float = 0.0
     stopped_because: str = ""
+    # how the runners' time was read (tools/remote.py): "cpu" (the runner's CPU clock), "wall" (CPU tasks
+    # whose manifest allows threads: the judge's wall clock around each request) or "events" (CUDA)
+    measure: str = ""
+    # the candidate's runner, CPU seconds: inside timed requests, and in no request at all (after an
+    # answer, before the next request: frozen runners use ~none; it is charged to a sample all the same)
+    cpu_in_samples_b: float | None = None
+    cpu_between_requests_b: float | None = None
+    max_parallelism_b: float | None = None  # the largest CPU / wall of one timed request (threads at work)
+    cpu_unattributed_b: float | None = None  # its CPU charged to no sample, probe or untimed call (0: books close)
 
 
 # ---- end to end --------------------------------------------------------------------------------

@@ -26,10 +26,26 @@ CPU_MIN_SAMPLE_S = 2e-3  # a CPU sample spans at least this much work, so messag
 
 
 class RemoteLib:
-    def __init__(self, runner: Runner, arena: SharedArena, device: torch.device, timer: Timer, call_timeout: float):
+    def __init__(self, runner: Runner, arena: SharedArena, device: torch.device, timer: Timer, call_timeout: float,
+                 threads: int = 1):
         self.runner, self.arena, self.device, self.timer = runner, arena, device, timer
         self.cuda = device.type == "cuda"
         self.call_timeout = call_timeout
+        # CPU tasks: the runner's CPU clock, or (the manifest allows threads > 1) the judge's wall clock
+        # around the request, with the runner's CPU beside it (no more than `threads` x the wall)
+        self.threads = max(1, int(threads))
+        self.measure = "events" if self.cuda else ("wall" if self.threads > 1 else "cpu")
+        # CPU tasks: the runner is frozen between requests (SIGSTOP/SIGCONT), so no thread of it works
+        # while the judge flushes, draws fresh values, poisons or re-checks: off the clock there is no clock
+        runner.freeze = not self.cuda
+        # runner CPU between two reads that no timed sample follows (after a probe, untimed calls): it is
+        # added to the next timed sample, so every CPU-ns of the runner lands in a sample or a probe
+        self._carry_ns = 0
+        self.sample_cpu: list[tuple[float, float]] = []  # (wall, CPU within it) seconds of every CPU timed request
+        # the books: runner CPU from the first read of its clock to the last, and what of it was charged
+        # (to timed samples, probes, untimed calls); `unattributed_ns()` is what no bucket holds
+        self._first_ns: int | None = None
+        self.charged_ns = 0
         self.min_sample_s = SHORT_CALL_S if self.cuda else CPU_MIN_SAMPLE_S
         self.bound: set = set()
         # work after return: the runner's CPU time between an answer and its next request, which an
@@ -65,26 +81,46 @@ class RemoteLib:
         try:
             ins = {k: describe(v, False) for k, v in inputs.items()}
             outs = {k: describe(v, True) for k, v in outputs.items()}
+            c0 = self._gap()
             self.runner.request("bind", self.call_timeout, fds=fds, key=key, dims=dims,
                                 writable_inputs=writable_inputs, inputs=ins, outputs=outs)
+            # the runner ran while it mapped them (a helper thread of its library too): charged to the next sample
+            self._idle_from = self.runner.cpu_ns()
+            self._carry_ns += max(0, self._idle_from - c0)
         finally:
             for fd in fds:  # the runner holds its own copies (or none, if it failed)
                 os.close(fd)
         self.bound.add(key)
 
-    def _gap(self) -> None:
-        """At the start of every request: CPU the runner used since its last answer."""
+    def _gap(self) -> int:
+        """At the start of every request: CPU the runner used since the last read of its clock, charged
+        to the timed sample it follows, else carried to the next one. Returns the clock's reading."""
+        now = self.runner.cpu_ns()
         if self._idle_from is None:
-            return
-        leak = max(0, self.runner.cpu_ns() - self._idle_from)
+            self._idle_from = self._first_ns = now
+            return now
+        leak = max(0, now - self._idle_from)
+        self._idle_from = now  # read once: a second gap before the next answer charges nothing twice
         self.after_return_ns += leak
         if self._pending is not None:
             sink, i, k = self._pending
             sink[i] += leak * 1e-9 / k
             self.sample_leaks[-1] += leak * 1e-9 / k
+            self.charged_ns += leak
+        else:
+            self._carry_ns += leak
+        return now
 
     def _answered(self) -> None:
         self._idle_from = self.runner.cpu_ns()
+
+    def unattributed_ns(self) -> int:
+        """Runner CPU between the first and the last read of its clock that no sample, probe or untimed
+        call was charged with, nor carried to the next sample: 0 when the books close (a read of the
+        clock that skips them, as the one after the judge's flush once did, shows here)."""
+        if self._first_ns is None or self._idle_from is None:
+            return 0
+        return self._idle_from - self._first_ns - self.charged_ns - self._carry_ns
 
     def _settle(self) -> None:
         """The judge's own writes (fresh values, poison) finished before a runner reads the buffers."""
@@ -94,9 +130,10 @@ class RemoteLib:
     def call(self, keys: list) -> None:
         """Untimed calls, in order; returns once the runner's device is idle."""
         self._settle()
-        self._gap()
+        c0 = self._gap()
         self.runner.request("run", self.call_timeout, calls=list(keys))
         self._answered()
+        self.charged_ns += self._idle_from - c0  # the untimed call's own
 
     def sample(self, keys: list, sink: list | None = None) -> float:
         """Seconds per call for the calls `keys` (in order), cache cold before them; appended to `sink`,
@@ -119,12 +156,20 @@ class RemoteLib:
             t = _seconds(reply.get("times"), 0)
             # events can only under-report through a lying runner; never more than the judge's own clock
             return t if t <= wall else float("nan")
-        self.timer.flush()
-        c0 = self.runner.cpu_ns()
+        self.timer.flush()  # the runner is frozen meanwhile; what it used since its answer is charged by _gap
+        c0 = self._gap()
+        carry, self._carry_ns = self._carry_ns, 0
+        t0 = time.perf_counter()
         self.runner.request("run", self.call_timeout, calls=list(keys))
+        wall = time.perf_counter() - t0
         c1 = self.runner.cpu_ns()
         self._idle_from = c1
-        return (c1 - c0) * 1e-9
+        self.charged_ns += c1 - c0 + carry
+        cpu = (c1 - c0 + carry) * 1e-9
+        self.sample_cpu.append((wall, (c1 - c0) * 1e-9))  # the request's own (carried CPU is not parallel work)
+        if self.measure == "wall":  # threads allowed: the user waits for the wall; CPU off the clock costs whole
+            return wall + carry * 1e-9
+        return cpu
 
     def probe(self, key, idle_s: float = IDLE_WINDOW_S) -> tuple[float, float, float]:
         """(wall, extra, idle_cpu) of one cold call, measured from outside the runner.
@@ -134,23 +179,29 @@ class RemoteLib:
         working) — plus idle_cpu: the runner's CPU time in a short window after it answered (work after
         return, threads left running)."""
         self._settle()
-        self._gap()
-        self._pending = None
         if self.cuda:
+            self._gap()
+            self._pending = None
             self.runner.request("flush", self.call_timeout)
+            c0 = self.runner.cpu_ns()
         else:
-            self.timer.flush()
-        c0 = self.runner.cpu_ns()
+            self.timer.flush()  # the runner frozen meanwhile (charged by _gap to the sample it follows)
+            c0 = self._gap()
+            self._pending = None
         t0 = time.perf_counter()
-        reply = self.runner.request("run", self.call_timeout, calls=[key], timed=self.cuda)
+        # left running after its answer for the idle window: work after return shows there, then frozen
+        reply = self.runner.request("run", self.call_timeout, calls=[key], timed=self.cuda, keep_running=True)
         t1 = time.perf_counter()
         c1 = self.runner.cpu_ns()
         wall = t1 - t0
         timed = _seconds(reply.get("times"), 0) if self.cuda else wall
         time.sleep(idle_s if idle_s == idle_s else IDLE_WINDOW_S)
         self._idle_from = self.runner.cpu_ns()
+        self.runner.stop()
+        self.charged_ns += self._idle_from - c0  # the probe's call and its idle window
         idle_cpu = (self._idle_from - c1) * 1e-9
-        beyond = max(0.0, (c1 - c0) * 1e-9 - wall)
+        # CPU beyond the wall: threads working beside the call (beyond `threads` x the wall where allowed)
+        beyond = max(0.0, (c1 - c0) * 1e-9 - self.threads * wall)
         return wall, (wall - timed) + beyond + idle_cpu, idle_cpu
 
 
@@ -184,7 +235,8 @@ class LibSession:
         self.runners = start_runners(names, Path(self._scratch.name))
         self.arena = SharedArena(self.device)
         self.timer = Timer(self.device)
-        self.libs = [RemoteLib(self.runners[n], self.arena, self.device, self.timer, call_timeout) for n in names]
+        threads = getattr(task.manifest, "threads", 1)
+        self.libs = [RemoteLib(self.runners[n], self.arena, self.device, self.timer, call_timeout, threads) for n in names]
         for lib, path in zip(self.libs, lib_paths):
             lib.load(task.spec_path, path, 120.0)
 

@@ -39,7 +39,8 @@ from pydantic import ValidationError
 
 from tools.proc import kill_group, tail
 from tools.protocol import WorkerRequest, WorkerResult
-from tools.sandbox import LOCKDOWN_VAR, keep_secrets_in, minimal_env, status, wrap
+from tools.sandbox import (LOCKDOWN_VAR, RUNNER_PIDNS_VAR, keep_secrets_in, minimal_env, runner_pidns_argv,
+                           runner_pidns_requested, status, wrap)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,10 +62,12 @@ def runner_command(cmd: list[str], *, scratch: Path, readable: list[Path] = (), 
     (e.g. a per-evaluation /dev/shm folder); `lockdown` asks the runner to install the seccomp filter
     (tools.sandbox.lockdown) before it loads untrusted code."""
     extra = {LOCKDOWN_VAR: "1"} if lockdown and status().seccomp else {}
+    if status().runner_pidns:  # the judge starts each of its runners in a PID namespace of its own
+        extra[RUNNER_PIDNS_VAR] = "1"
     env = scrubbed_env(home=scratch) | extra
     gpu = any(Path("/dev").glob("nvidia*"))
     argv = wrap(cmd, readable=[PROJECT_ROOT / "tools", *readable], writable=[scratch, *writable], gpu=gpu,
-                cwd=scratch, env=env)
+                cwd=scratch, env=env, cap_add=status().judge_caps if status().runner_pidns else ())
     return argv, env
 
 
@@ -571,23 +574,18 @@ class RunnerError(Exception):
 
 def spawn_runner(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = (),
                  log_path: Path | None = None) -> subprocess.Popen:
-    """Start one runner process. THE ONLY place runners are spawned: a sandbox wraps exactly `argv`.
+    """Start one runner process. THE ONLY place runners are spawned.
 
-    SANDBOX CALL SITE. Today a runner lives inside its judge's bubblewrap namespaces (run_worker wraps
-    the judge: no network, no other process visible, read-only files but the scratch) and installs
-    the seccomp filter itself (`tools.sandbox.lockdown()` in tools/libhost.py, when KLOOP_LOCKDOWN=1)
-    before the untrusted library loads. A per-runner confinement goes here: if tools/sandbox.py grows a
-    `wrap_argv(argv, env, pass_fds)`, it is applied to exactly this argv.
-    """
-    try:
-        import importlib
-
-        sandbox = importlib.import_module("tools.sandbox")
-        wrap = getattr(sandbox, "wrap_argv", None)
-        if wrap is not None:
-            argv = wrap(argv, env, pass_fds)
-    except ModuleNotFoundError:
-        pass
+    SANDBOX CALL SITE. A runner lives inside its judge's bubblewrap namespaces (run_worker wraps the
+    judge: no network, read-only files but the scratch) and installs the seccomp filter itself
+    (`tools.sandbox.lockdown()` in tools/libhost.py, when KLOOP_LOCKDOWN=1) before the untrusted
+    library loads. Where the session found it works (tools.sandbox.status().runner_pidns, passed as
+    KLOOP_RUNNER_PIDNS=1), `argv` starts under `unshare`: a PID namespace and a /proc of its own, so it
+    sees neither its sibling nor the judge (their CPU time in /proc/<pid>/stat would tell it the pair
+    order). The Popen is then the wrapper; `Runner.pid` finds the runner itself."""
+    prefix = runner_pidns_argv() if runner_pidns_requested() else None
+    if prefix:
+        argv = [*prefix, *argv]
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL
     try:
         return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -609,6 +607,7 @@ def _dies_with_parent() -> None:
 def runner_env() -> dict[str, str]:
     """A minimal environment: no secrets, nothing of the session's beyond what Python and CUDA need."""
     keep = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "HOME", "TMPDIR", LOCKDOWN_VAR)
+    # (RUNNER_PIDNS_VAR stays with the judge: spawn_runner reads it there, a runner starts nothing)
     env = {k: v for k, v in scrubbed_env().items() if k in keep or k in ("PYTHONPATH", "PYTHONUNBUFFERED")}
     if os.environ.get(LOCKDOWN_VAR):  # the judge was asked to have its runners lock down
         env[LOCKDOWN_VAR] = os.environ[LOCKDOWN_VAR]
@@ -638,6 +637,46 @@ class Runner:
         self.busy_s = 0.0  # wall seconds the judge saw this runner working (for the CPU-time audit)
         self.prepared = False  # device, spec and seccomp set up, waiting for its one library
         self.loaded: str | None = None  # the library it loaded (single-use: never a second one)
+        # under `unshare` (spawn_runner) the Popen is the wrapper and the runner its only child
+        self.wrapped = runner_pidns_requested()
+        self._pid: int | None = None if self.wrapped else self.proc.pid
+        # frozen between requests (SIGSTOP after each answer, SIGCONT before the next request): no thread
+        # of the runner can run while the judge flushes, draws, poisons or re-checks (RemoteLib on CPU tasks)
+        self.freeze = False
+        self.frozen = False
+
+    @property
+    def pid(self) -> int:
+        """The runner process itself (in the judge's PID namespace): whose CPU clock, threads and stop
+        state the judge reads. Under the `unshare` wrapper: its child, found once in /proc."""
+        if self._pid is None:
+            deadline = time.monotonic() + 10
+            while self._pid is None:
+                kids = _children(self.proc.pid)
+                if kids:
+                    self._pid = kids[0]
+                elif self.proc.poll() is not None or time.monotonic() > deadline:
+                    return self.proc.pid  # gone (or never forked): reads of it fail like those of a dead runner
+                else:
+                    time.sleep(0.002)
+        return self._pid
+
+    def stop(self) -> None:
+        """Freeze every thread of the runner (it answered; nothing of it may run until the next request)."""
+        if self.freeze and not self.frozen:
+            self._signal(signal.SIGSTOP)
+            self.frozen = True
+
+    def resume(self) -> None:
+        if self.frozen:
+            self._signal(signal.SIGCONT)
+            self.frozen = False
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def prepare(self, spec_path: str | os.PathLike, device: str, timeout: float) -> None:
         """Set up everything but the library (tools/libhost.Host.prepare): a pre-started runner."""
@@ -645,8 +684,18 @@ class Runner:
         self.prepared = True
 
     # -- requests --------------------------------------------------------------------------------
-    def request(self, op: str, timeout: float, fds: list[int] = (), **kw) -> dict:
-        """`fds`: descriptors the runner receives before it reads the request (tools/libhost.Host.bind)."""
+    def request(self, op: str, timeout: float, fds: list[int] = (), keep_running: bool = False, **kw) -> dict:
+        """`fds`: descriptors the runner receives before it reads the request (tools/libhost.Host.bind).
+        A frozen runner (`freeze`) is resumed for the request and stopped again when it answered, unless
+        `keep_running` (a probe's idle window: the caller stops it)."""
+        self.resume()
+        try:
+            return self._request(op, timeout, fds, **kw)
+        finally:
+            if not keep_running:
+                self.stop()
+
+    def _request(self, op: str, timeout: float, fds: list[int], **kw) -> dict:
         if fds:
             self._fds.settimeout(timeout)  # a runner that stops reading its socket cannot hang the judge
             try:
@@ -719,13 +768,13 @@ class Runner:
         """CPU nanoseconds of the whole runner (every thread, exited ones included), read by the kernel's
         per-process CPU clock: exact at the moment of reading, and nothing the runner can forge."""
         try:
-            return time.clock_gettime_ns(((~self.proc.pid) << 3) | 2)  # clock_getcpuclockid(pid): CPUCLOCK_SCHED
+            return time.clock_gettime_ns(((~self.pid) << 3) | 2)  # clock_getcpuclockid(pid): CPUCLOCK_SCHED
         except OSError:
             return self._cpu_ns_proc()
 
     def _cpu_ns_proc(self) -> int:
         total = 0
-        base = f"/proc/{self.proc.pid}/task"
+        base = f"/proc/{self.pid}/task"
         try:
             tids = os.listdir(base)
         except OSError:
@@ -740,14 +789,14 @@ class Runner:
 
     def threads(self) -> int:
         try:
-            return len(os.listdir(f"/proc/{self.proc.pid}/task"))
+            return len(os.listdir(f"/proc/{self.pid}/task"))
         except OSError:
             return 0
 
     def stat_cpu_s(self) -> float:
         """utime + stime of the whole process (dead threads included), in seconds (tick resolution)."""
         try:
-            with open(f"/proc/{self.proc.pid}/stat") as f:
+            with open(f"/proc/{self.pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         except (OSError, ValueError, IndexError):
@@ -755,6 +804,11 @@ class Runner:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
+            if self.wrapped and self._pid is not None:  # the runner first (stopped or not), so its wrapper reaps it
+                try:
+                    os.kill(self._pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
             try:
                 self.proc.kill()
             except ProcessLookupError:
@@ -764,7 +818,7 @@ class Runner:
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self.request("exit", timeout=5)
+                self.request("exit", timeout=5, keep_running=True)
             except RunnerError:
                 pass
         self.kill()
@@ -776,12 +830,36 @@ class Runner:
         self._fds.close()
 
 
+def _granule_ceil(nbytes: int, buf) -> int:
+    """`nbytes` rounded up to the allocation granularity the buffer was made with (its size where unknown)."""
+    g = int(getattr(buf, "granularity", 0) or 0)
+    return -(-max(nbytes, 1) // g) * g if g > 0 else buf.size
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (from /proc; the kernel's `children` file is not always built in)."""
+    found = []
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+            if int(stat[stat.rindex(b")") + 2:].split()[1]) == pid:
+                found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return sorted(found)
+
+
 class SharedArena:
     """Tensors the judge allocates for runners, reachable by no name. CPU: each tensor in its own file,
     created in a private /dev/shm folder and unlinked at once, mapped here read-write; a runner gets a
     descriptor of it beside the request (read-only for an input, whose file is also made read-only,
-    so no reopening makes it writable) and maps it as told. CUDA: inputs in device memory the runner
-    maps read-only (tools/vmm.py); outputs plain device tensors passed as IPC handles."""
+    so no reopening makes it writable) and maps it as told. CUDA: every tensor in device memory of its
+    own (tools/vmm.py), sent as a descriptor: inputs mapped read-only by the runner, outputs read-write,
+    never a CUDA IPC handle (which maps a whole segment of the judge's allocator)."""
 
     def __init__(self, device, root: Path | None = None):
         import torch
@@ -830,9 +908,10 @@ class SharedArena:
         return shared
 
     def share_dict(self, d: dict, inputs: bool = False) -> dict:
-        """`inputs`: the inputs of a call; on CUDA each goes in its own exported device buffer, which a
-        runner can only map read-only (on the CPU the runner maps every input file read-only)."""
-        if inputs and self.cuda:
+        """`inputs`: the inputs of a call. On CUDA every tensor, input or output, goes in its own exported
+        device buffer (an input's the runner can only map read-only): a runner's mapping of it holds that
+        tensor and nothing else of the judge's. On the CPU each is a file of its own, inputs read-only."""
+        if self.cuda:
             return {k: self._share_device(v) for k, v in d.items()}
         return {k: self.share(v, read_only=inputs) for k, v in d.items()}
 
@@ -857,14 +936,20 @@ class SharedArena:
         if not isinstance(t, torch.Tensor):
             return ("value", t)
         if self.cuda:
+            if t.numel() == 0:
+                return ("empty", str(t.dtype), tuple(t.shape))
             ref = self.exported.get(t.untyped_storage().data_ptr())
             buf = ref() if ref is not None else None
             if buf is not None and buf.ptr == t.untyped_storage().data_ptr():
+                nbytes = t.numel() * t.element_size()
+                if t.storage_offset() or nbytes > buf.size or buf.size > _granule_ceil(nbytes, buf):
+                    raise ValueError(f"a {nbytes}-byte tensor in a {buf.size}-byte device buffer: a runner's "
+                                     "mapping must hold the tensor and nothing else")
                 return ("vmm", buf.export(), buf.size, str(t.dtype), tuple(t.shape))
-            from torch.multiprocessing.reductions import reduce_tensor
-
-            rebuild, args = reduce_tensor(t)
-            return ("cuda", rebuild, args)
+            # a CUDA IPC handle of torch's allocator maps its whole segment, other tensors of the judge's
+            # (references, inputs' copies) with it: never sent
+            raise ValueError("CUDA tensor not shared through this arena (tools/vmm.py): an IPC handle of the "
+                             "caching allocator would map the judge's whole allocator segment")
         nbytes = t.numel() * t.element_size()
         if nbytes == 0:
             return ("empty", str(t.dtype), tuple(t.shape))

@@ -37,6 +37,9 @@ from typing import Iterable, Mapping
 
 DISABLE_VAR = "KLOOP_SANDBOX"  # "off": run without the sandbox (and say so)
 LOCKDOWN_VAR = "KLOOP_LOCKDOWN"  # "1" in a runner's environment: call lockdown() before untrusted code
+# "1" in the judge's environment: start every runner in a PID namespace of its own (runner_pidns_argv);
+# "off" in the session's: do not (status() says why)
+RUNNER_PIDNS_VAR = "KLOOP_RUNNER_PIDNS"
 # variables a child may inherit (values from this process); everything else is dropped
 INHERITED = (
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME", "CUDA_PATH", "CUDA_MODULE_LOADING",
@@ -53,14 +56,20 @@ class SandboxStatus:
     reason: str  # why not, or "" when available
     namespaces: bool = False  # bwrap works (runners and builds are wrapped)
     seccomp: bool = False  # lockdown() can install its filter
+    # each runner in a PID namespace of its own with its own /proc (no sibling, no judge visible)
+    runner_pidns: bool = False
+    runner_pidns_reason: str = ""  # why not, or "" when it holds
+    judge_caps: tuple[str, ...] = ()  # capabilities the judge's bwrap keeps (in its own user namespace) for that
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def line(self) -> str:
+        pidns = "" if self.runner_pidns else (f"; runner PID namespaces UNAVAILABLE ({self.runner_pidns_reason}): "
+                                               "runners can read each other's /proc")
         if self.available:
-            return f"sandbox: {self.mechanism}"
-        return f"sandbox UNAVAILABLE ({self.reason}): untrusted kernel code runs with this user's rights"
+            return f"sandbox: {self.mechanism}{pidns}"
+        return f"sandbox UNAVAILABLE ({self.reason}): untrusted kernel code runs with this user's rights{pidns}"
 
 
 class SandboxUnavailable(RuntimeError):
@@ -76,9 +85,11 @@ def status() -> SandboxStatus:
         return SandboxStatus("none", False, f"disabled by {DISABLE_VAR}={os.environ[DISABLE_VAR]}")
     ns_ok, ns_what = _probe_bwrap()
     sc_ok, sc_what = _probe_seccomp()
-    mechanism = " + ".join(w for ok, w in ((ns_ok, ns_what), (sc_ok, sc_what)) if ok) or "none"
+    pid_ok, pid_what, caps = _probe_runner_pidns(ns_ok)
+    mechanism = " + ".join(w for ok, w in ((ns_ok, ns_what), (sc_ok, sc_what), (pid_ok, pid_what)) if ok) or "none"
     missing = [w for ok, w in ((ns_ok, ns_what), (sc_ok, sc_what)) if not ok]
-    return SandboxStatus(mechanism, ns_ok and sc_ok, "; ".join(missing), namespaces=ns_ok, seccomp=sc_ok)
+    return SandboxStatus(mechanism, ns_ok and sc_ok, "; ".join(missing), namespaces=ns_ok, seccomp=sc_ok,
+                         runner_pidns=pid_ok, runner_pidns_reason="" if pid_ok else pid_what, judge_caps=caps)
 
 
 def require() -> SandboxStatus:
@@ -115,6 +126,78 @@ def _probe_seccomp() -> tuple[bool, str]:
     except (ImportError, OSError, AttributeError) as exc:
         return False, f"seccomp unavailable (pip install pyseccomp; apt-get install libseccomp2): {exc}"
     return True, "seccomp (libseccomp)"
+
+
+# ---- a PID namespace per runner ------------------------------------------------------------------
+# The judge's bwrap gives judge and runners one PID namespace; inside it a runner could still list its
+# sibling and the judge in /proc and read their stat/schedstat (CPU time to the nanosecond: the pair
+# order). So each runner starts under util-linux `unshare`: a PID namespace and a mount namespace of
+# its own with a fresh /proc, where it is PID 1 and the only process. Where the judge holds
+# CAP_SYS_ADMIN (root without bwrap, or bwrap --cap-add CAP_SYS_ADMIN in its own user namespace) no
+# user namespace is needed; otherwise a nested user namespace maps the user to root in it (the runner
+# drops every capability before its library loads: harden_process).
+
+PIDNS_PROBE = "set -- /proc/[0-9]*; echo $#"  # processes visible in /proc: 1 (the shell itself) when it holds
+
+
+def _cap_sys_admin() -> bool:
+    """CAP_SYS_ADMIN (bit 21) in this process's effective set (in its own user namespace)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> 21 & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def runner_pidns_argv() -> list[str] | None:
+    """The prefix that starts a runner in its own PID namespace (None: no `unshare` here). The real
+    runner is the wrapper's only child (tools/runner.Runner finds it)."""
+    exe = shutil.which("unshare") or next((p for p in ("/usr/bin/unshare", "/bin/unshare") if os.access(p, os.X_OK)), None)
+    if exe is None:
+        return None
+    user = [] if _cap_sys_admin() else ["--user", "--map-root-user"]
+    return [exe, *user, "--pid", "--fork", "--mount-proc", "--kill-child"]
+
+
+def runner_pidns_requested(environ: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get(RUNNER_PIDNS_VAR) == "1"
+
+
+def _probe_runner_pidns(bwrap_ok: bool) -> tuple[bool, str, tuple[str, ...]]:
+    """Whether a judge here can start its runners in PID namespaces of their own: (ok, what, the
+    capabilities the judge's bwrap must keep). Run where the judge runs: inside bwrap when it works.
+    KLOOP_RUNNER_PIDNS=off in the session's environment turns it off (and says so)."""
+    if os.environ.get(RUNNER_PIDNS_VAR, "").lower() in ("off", "0", "no", "false"):
+        return False, f"disabled by {RUNNER_PIDNS_VAR}={os.environ[RUNNER_PIDNS_VAR]}", ()
+    prefix = runner_pidns_argv()
+    if prefix is None:
+        return False, "util-linux `unshare` is not installed", ()
+    cmd = [sys.executable, "-c", _PIDNS_INNER]
+    # unprivileged bwrap: a nested user namespace; bwrap as root: the judge keeps CAP_SYS_ADMIN in it
+    tries = [((), cmd), (("CAP_SYS_ADMIN",), cmd)] if bwrap_ok else [((), cmd)]
+    last = ""
+    root = Path(__file__).resolve().parents[1]
+    env = minimal_env({"PYTHONPATH": str(root)})
+    for caps, cmd in tries:
+        argv = sandboxed_argv(cmd, readable=[root / "tools"], cap_add=caps, env=env) if bwrap_ok else cmd
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            last = f"unshare does not run here: {exc}"
+            continue
+        if p.returncode == 0 and p.stdout.strip().splitlines()[-1:] == ["1"]:
+            return True, "runner PID namespaces (unshare)", tuple(caps)
+        last = (p.stderr.strip() or p.stdout.strip())[-200:] or f"exit {p.returncode}"
+    return False, f"unshare cannot make a PID namespace here: {last}", ()
+
+
+# what the probe runs where the judge would: the judge's own unshare prefix, around a count of /proc
+_PIDNS_INNER = ("import subprocess, sys\n"
+                "from tools.sandbox import runner_pidns_argv, PIDNS_PROBE\n"
+                "p = subprocess.run([*runner_pidns_argv(), '/bin/sh', '-c', PIDNS_PROBE], capture_output=True, text=True)\n"
+                "sys.stderr.write(p.stderr); print(p.stdout.strip()); sys.exit(p.returncode)\n")
 
 
 # ---- the environment of every child -----------------------------------------------------------
@@ -172,16 +255,19 @@ def _outermost(paths: Iterable[Path]) -> list[Path]:
 
 def sandboxed_argv(argv: list[str], *, readable: Iterable[Path] = (), writable: Iterable[Path] = (),
                    gpu: bool = False, cwd: Path | None = None, env: Mapping[str, str] | None = None,
-                   _exe: str | None = None) -> list[str]:
+                   cap_add: Iterable[str] = (), _exe: str | None = None) -> list[str]:
     """`argv` wrapped in bwrap: no network, own PID/IPC/UTS namespaces and a fresh /proc, the
     toolchain and `readable` read-only, only `writable` writable (a /dev/shm subfolder is fine),
     /tmp private, `env` (default minimal_env()) as the whole environment; `gpu` binds /dev/nvidia*
-    and /sys. Raises SandboxUnavailable where bwrap is missing."""
+    and /sys; `cap_add`: capabilities kept inside (in the sandbox's own user namespace; the judge's
+    CAP_SYS_ADMIN where runner PID namespaces need it). Raises SandboxUnavailable where bwrap is missing."""
     exe = _exe or _bwrap()
     if exe is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed")
     args = [exe, "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--unshare-net", "--unshare-pid", "--unshare-uts",
             "--unshare-cgroup-try"]
+    for cap in cap_add:
+        args += ["--cap-add", cap]
     if not gpu:  # CUDA IPC between the runner and the judge may need the host's IPC namespace
         args.append("--unshare-ipc")
     for top in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -216,11 +302,11 @@ def sandboxed_argv(argv: list[str], *, readable: Iterable[Path] = (), writable: 
 
 
 def wrap(argv: list[str], *, readable: Iterable[Path] = (), writable: Iterable[Path] = (), gpu: bool = False,
-         cwd: Path | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+         cwd: Path | None = None, env: Mapping[str, str] | None = None, cap_add: Iterable[str] = ()) -> list[str]:
     """`sandboxed_argv` where the host provides bwrap, else `argv` itself (status() says so loudly)."""
     if not status().namespaces:
         return list(argv)
-    return sandboxed_argv(argv, readable=readable, writable=writable, gpu=gpu, cwd=cwd, env=env)
+    return sandboxed_argv(argv, readable=readable, writable=writable, gpu=gpu, cwd=cwd, env=env, cap_add=cap_add)
 
 
 # ---- the syscall filter ------------------------------------------------------------------------

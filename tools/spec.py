@@ -133,3 +133,21 @@ def check_status(status: int, what: str) -> None:
     """Raise when a kernel entry point returned a non-zero error code (e.g. a cudaError_t)."""
     if status != 0:
         raise RuntimeError(f"{what} returned error code {status}")
+
+
+def adversarial_rows(gen, n: int, fraction: float, kinds: int = 1) -> list:
+    """`kinds` disjoint index tensors into range(n) (rows, columns, heads, sequences...), each about
+    `fraction` of n and at least one while n leaves a plain one beside them, at positions drawn from
+    `gen`. The harness seeds `gen` with the gate's secret and draws every call's inputs from it, the
+    bench shapes' timed calls included: a kernel cannot tell which positions are adversarial in any
+    call, so a shortcut that is unsafe there fails the check or the re-check of a timed call.
+    (Positions fixed in the spec, like `row % 8`, are read by the agent and skipped by such a kernel.)
+    The permutation is drawn whatever n, so a shape's draws stay in step."""
+    import torch
+
+    if not 0 < fraction <= 1 or kinds < 1:
+        raise ValueError(f"adversarial_rows: fraction {fraction!r} must be in (0, 1] and kinds {kinds!r} >= 1")
+    perm = torch.randperm(max(int(n), 0), generator=gen, device=gen.device)
+    each = max(1, round(n * fraction))
+    room = max(0, n - 1)  # one position stays plain
+    return [perm[min(i * each, room):min((i + 1) * each, room)] for i in range(kinds)]

@@ -197,6 +197,10 @@ class Manifest(Strict):
     triton: TritonSection | None = None
     check: CheckPlan = CheckPlan()
     e2e: E2E | None = None
+    # CPU tasks: threads a kernel may run (the calling one included). Above 1 the build may start threads
+    # (tools/audit.THREAD_SYMBOLS, the thread source rule lifted) and the timing reads the judge's wall
+    # clock around each call instead of the runner's CPU time (tools/remote.py)
+    threads: int = Field(default=1, ge=1, le=256)
 
     @field_validator("allowed_symbols")
     @classmethod
@@ -263,6 +267,8 @@ class Manifest(Strict):
             unknown = [n for n in listed if n not in names]
             if unknown:
                 raise ValueError(f"check.{field} names shapes the manifest does not define: {unknown} (shapes: {names})")
+        if self.threads > 1 and self.target != "cpu":
+            raise ValueError(f"threads = {self.threads}: only CPU tasks may allow threads (target is {self.target!r})")
         return self
 
 

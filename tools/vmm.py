@@ -124,7 +124,8 @@ class ExportedBuffer:
         cu = _driver()
         self.device = device
         gran = _granularity(device)
-        self.size = max(gran, -(-nbytes // gran) * gran)
+        self.granularity = gran
+        self.size = max(gran, -(-nbytes // gran) * gran)  # nothing but this buffer (and its padding) in it
         self.nbytes = nbytes
         handle = _u64()
         _ck(cu.cuMemCreate(ctypes.byref(handle), self.size, ctypes.byref(_prop(device)), 0), "cuMemCreate")

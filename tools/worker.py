@@ -104,7 +104,7 @@ def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
         try:
             stages["start"] = round(time.monotonic() - t0, 3)
             t1 = time.monotonic()
-            libs = [RemoteLib(runners[n], arena, device, timer, call_timeout(task)) for n in names]
+            libs = [RemoteLib(runners[n], arena, device, timer, call_timeout(task), task.manifest.threads) for n in names]
             try:
                 for lib, path in zip(libs, req.libs):
                     lib.load(task.spec_path, path, LOAD_TIMEOUT_S)
@@ -122,7 +122,7 @@ def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
                 def relaunch():  # a fresh runner with the same library (fault diagnosis)
                     r = start_runners([f"diagnose{len(runners)}"], judge.scratch)
                     runners.update(r)
-                    lib = RemoteLib(next(iter(r.values())), arena, device, timer, call_timeout(task))
+                    lib = RemoteLib(next(iter(r.values())), arena, device, timer, call_timeout(task), task.manifest.threads)
                     lib.load(task.spec_path, cand_lib, LOAD_TIMEOUT_S)
                     return lib
 
@@ -170,7 +170,8 @@ def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
                     stages["timing"] = round(time.monotonic() - t2, 3)
                     return result(ok=False, check=check, error=f"timing stopped: {exc}")
                 stages["timing"] = round(time.monotonic() - t2, 3)
-                audit = cpu_audit(runners) if device.type == "cpu" else []
+                _timing_structure(reports, libs[1])
+                audit = cpu_audit(runners, task.manifest.threads) if device.type == "cpu" else []
                 e2e = None
                 if req.kind == "gate" and req.e2e and task.manifest.e2e and reports[0].speedup_lo > 1 + req.min_gain:
                     from tools.e2e import e2e_in_process
@@ -185,12 +186,24 @@ def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
             judge.close()
 
 
-def cpu_audit(runners: dict) -> list[str]:
-    """Threads the runners hold: a kernel library has no business starting any (CUDA's own excepted)."""
+def _timing_structure(reports: list, cand) -> None:
+    """How the time was read, and where the candidate runner's CPU went (tools/remote.RemoteLib)."""
+    for r in reports:
+        r.measure = cand.measure
+    if cand.cuda or not reports:
+        return
+    reports[0].cpu_in_samples_b = sum(c for _, c in cand.sample_cpu)
+    reports[0].cpu_between_requests_b = cand.after_return_ns * 1e-9
+    reports[0].max_parallelism_b = max((c / w for w, c in cand.sample_cpu if w > 0), default=None)
+    reports[0].cpu_unattributed_b = cand.unattributed_ns() * 1e-9
+
+
+def cpu_audit(runners: dict, allowed: int = 1) -> list[str]:
+    """Threads the runners hold beyond what the manifest allows (`threads`, the main thread included)."""
     out = []
     for name, r in runners.items():
         n = r.threads()
-        if n > 1 and r.proc.poll() is None:
+        if n > allowed and r.proc.poll() is None:
             out.append(f"{name} runner holds {n} threads")
     return out
 

@@ -4,7 +4,7 @@ import ctypes
 
 import torch
 
-from tools.spec import check_status, ptr
+from tools.spec import adversarial_rows, check_status, ptr
 
 
 # Inputs are N(0, 1) unless the shape's `inputs` dim names an adversarial kind (check shapes only):
@@ -18,7 +18,18 @@ from tools.spec import check_status, ptr
 #                 (FTZ/DAZ, fast-math) loses them; every seventh row of A is zero (its row of C must be 0).
 #                 No product of a normal A entry with a huge B entry exists, so nothing overflows in fp32.
 # Power-of-two scales are exact in fp32, and the float64 reference sees the very same fp32 values.
+#
+# Every shape, the timed ones included (the gate re-checks timed calls at random), also carries both
+# hazards in small doses, at positions drawn from the secret-seeded generator (tools.spec.adversarial_rows),
+# so no kernel can keep a shortcut for the shapes it knows are benign:
+#     one column of A (where k >= 3) is denormal (~1e-39) and B's matching row ~1e38: each product
+#                 0.025..0.1, lost by flush-to-zero; a few rows of A hold one entry of +-2^20 (another
+#                 column), beyond fp16's range (65504). Positive powers of two with no cancellation
+#                 against them: an honest fp32 kernel's error stays far inside the tolerance; the
+#                 denormal column costs a scalar i-j-k loop ~12% (one column in 192), a vector loop ~1%.
 INPUT_KINDS = ("normal", "range", "denormal")
+PLANTED_BIG = 2.0**20  # beyond fp16 (65504), exact in fp32
+PLANTED_ROW_FRACTION = 1 / 32  # rows of A holding one PLANTED_BIG entry
 RANGE_EXP = 40  # rows of A / columns of B scaled by 2^e, e uniform in [-RANGE_EXP, RANGE_EXP]
 DENORMAL = 1e-39  # below fp32's smallest normal (1.18e-38)
 HUGE = 1e38  # below fp32's largest (3.4e38); DENORMAL * HUGE = 0.1
@@ -48,8 +59,25 @@ def make_inputs(shape, gen, device):
         mag_b = torch.rand(len(cols), n, generator=gen, device=gd).mul_(0.5).add_(0.5)
         a[:, cols] = torch.where(a[:, cols] < 0, -mag_a, mag_a) * DENORMAL
         b[cols, :] = torch.where(b[cols, :] < 0, -mag_b, mag_b) * HUGE
-        a[1::7] = 0
+        a[adversarial_rows(gen, m, 1 / 7)[0]] = 0  # zero rows of A (their rows of C must be 0)
+    else:
+        _plant(a, b, gen)
     return {"a": a.to(device), "b": b.to(device)}
+
+
+def _plant(a, b, gen) -> None:
+    """One denormal column of A (B's row ~1e38 to match) and +-2^20 in a few rows of A, in another column."""
+    m, k = a.shape
+    gd = gen.device
+    den, big = adversarial_rows(gen, k, 1 / max(k, 1), kinds=2)  # one column each (k >= 3), never the same
+    rows = adversarial_rows(gen, m, PLANTED_ROW_FRACTION)[0]
+    if len(den):
+        mag_a = torch.rand(m, 1, generator=gen, device=gd).mul_(0.5).add_(0.5)
+        mag_b = torch.rand(1, b.shape[1], generator=gen, device=gd).mul_(0.5).add_(0.5)
+        a[:, den] = torch.where(a[:, den] < 0, -mag_a, mag_a) * DENORMAL
+        b[den, :] = torch.where(b[den, :] < 0, -mag_b, mag_b) * HUGE
+    if len(big) and len(rows):
+        a[rows[:, None], big] = torch.where(a[rows[:, None], big] < 0, -PLANTED_BIG, PLANTED_BIG)
 
 
 def make_outputs(shape, inputs):

@@ -40,11 +40,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-from tools.spec import check_status, ptr
+from tools.spec import adversarial_rows, check_status, ptr
 
 LENS_MODES = ("random", "fixed", "ramp")
 INPUT_KINDS = ("normal", "large", "late", "shared")
 LARGE_SCORE_STD = 30.0
+# every shape ("normal" included, the timed ones too) also holds "large" and "late" sequences, an eighth
+# each at positions drawn from the secret-seeded generator: no kernel can know which to treat with care
+PLANTED_SEQ_FRACTION = 1 / 8
 LATE_SCORE = 120.0
 
 
@@ -111,14 +114,17 @@ def make_inputs(shape, gen, device):
     kind = input_kind(shape)
     if kind == "shared":
         block_table[1:, : mp // 2] = block_table[0, : mp // 2]
-    if kind == "large":
-        q = (q.float() * LARGE_SCORE_STD).bfloat16()
-    elif kind == "late":
-        u = torch.randint(0, 2, (b, kvh, d), generator=gen, device=gd).float().mul_(2).sub_(1)
-        q = (q.float().reshape(b, kvh, qh // kvh, d) + u[:, :, None, :]).reshape(b, qh, d).bfloat16()
-        last = context_lens.long() - 1
-        rows = torch.arange(b, device=gd)
-        pages, slots = block_table[rows, last // ps].long(), last % ps
+    everyone = torch.arange(b, device=gd)
+    big, late = (everyone, everyone[:0]) if kind == "large" else (everyone[:0], everyone) if kind == "late" else (
+        adversarial_rows(gen, b, PLANTED_SEQ_FRACTION, kinds=2) if kind == "normal" else (everyone[:0], everyone[:0]))
+    if len(big):
+        q[big] = (q[big].float() * LARGE_SCORE_STD).bfloat16()
+    if len(late):
+        n = len(late)
+        u = torch.randint(0, 2, (n, kvh, d), generator=gen, device=gd).float().mul_(2).sub_(1)
+        q[late] = (q[late].float().reshape(n, kvh, qh // kvh, d) + u[:, :, None, :]).reshape(n, qh, d).bfloat16()
+        last = context_lens[late].long() - 1
+        pages, slots = block_table[late, last // ps].long(), last % ps
         k_cache[pages, slots] = (k_cache[pages, slots].float() + u * (LATE_SCORE / math.sqrt(d))).bfloat16()
     inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table, "context_lens": context_lens}
     return {k: v.to(device) for k, v in inputs.items()}
