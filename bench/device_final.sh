@@ -33,7 +33,7 @@ one)  # the gate: the CUDA cheat corpus, then the benchmark
   tail -14 "$logs/gate_bench.txt" >> "$summary" ;;
 two)  # the gate's CUDA paths again (cheats), the GPU tasks and showcase replays, the e2e stage
   step cheats 240 $gpu tests/gpu/test_cheats_cuda.py
-  step tasks 160 $gpu tests/gpu/test_gpu_tasks.py tests/gpu/test_showcase_replay.py
+  step tasks 170 $gpu tests/gpu/test_device_buffers_gpu.py tests/gpu/test_gpu_tasks.py tests/gpu/test_showcase_replay.py
   step e2e 70 $gpu tests/gpu/test_e2e_attention.py ;;
 three)  # Triton (a tuner session landing a gated commit), kloop export of the showcase runs + the decoder
   KLOOP_TRITON_KNOB_BUILDS=0 step triton 130 $gpu tests/gpu/test_triton_tasks.py
