@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,6 +48,31 @@ def decisions(gate: Gate, slot: StandbySlot, shape: str, best: str, cand: str, n
     return [(gate.judge(ab), ab) for ab in (res.trials or [res.ab])]
 
 
+HIDDEN_HOOK = """#ifdef KLOOP_TEST_HIDDEN_NS
+    static cudaStream_t side = nullptr;
+    if (side == nullptr) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    kloop_test_delay<<<1, 1, 0, side>>>(static_cast<unsigned long long>(KLOOP_TEST_HIDDEN_NS));
+#endif
+"""
+
+
+def _with_hidden_hook(task: Path, dest: Path) -> Path:
+    """A copy of the softmax task whose kernel also spins on a second stream when built with
+    -DKLOOP_TEST_HIDDEN_NS (kept out of the shipped source, whose static rules refuse streams)."""
+    import shutil
+
+    out = dest / task.name
+    shutil.copytree(task, out)
+    src = out / "softmax.cu"
+    text = src.read_text()
+    tail = "    return static_cast<int>(cudaGetLastError());\n}"
+    if tail not in text:
+        raise SystemExit(f"{src}: cannot place the hidden-work hook (no kloop_softmax epilogue)")
+    text = text.replace("#if defined(KLOOP_TEST_DELAY_NS)", "#if defined(KLOOP_TEST_DELAY_NS) || defined(KLOOP_TEST_HIDDEN_NS)", 1)
+    src.write_text(text.replace(tail, HIDDEN_HOOK + tail, 1))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default=str(Path(__file__).resolve().parents[1] / "kernels" / "softmax"))
@@ -58,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     started = time.monotonic()
-    gate = Gate(Path(args.task), task_rel=Path(args.task).name, config=GateConfig(max_seconds=args.max_seconds))
+    task_dir = _with_hidden_hook(Path(args.task), Path(tempfile.mkdtemp(prefix="kloop-hidden-")))
+    gate = Gate(task_dir, task_rel=task_dir.name, config=GateConfig(max_seconds=args.max_seconds))
     task = gate.task
     device = torch.device("cuda" if task.target == "cuda" else "cpu")
     spec = load_spec(task.spec_path)

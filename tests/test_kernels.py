@@ -128,3 +128,20 @@ def test_every_knob_value_compiles_and_the_defaults_do_not_spill(task, kernel_bu
             assert r.kernels and all(k.arch == task.manifest.arch for k in r.kernels), (label, r.kernels)
     assert builds["defaults"].knobs == task.knob_defaults()
     assert not spills(builds["defaults"]), f"spills at the default knobs: {spills(builds['defaults'])}"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "kernels").iterdir()
+                                        if (p / "task.toml").is_file()))
+def test_shipped_sources_pass_the_gates_static_rules(name):
+    """A shipped task's own editable sources must pass the gate's static rules: a hit there (a test hook
+    that creates a stream, say) rejects every change an agent submits to that task."""
+    from agent.gate import Candidate, Gate
+
+    folder = Path(__file__).resolve().parents[1] / "kernels" / name
+    gate = Gate(folder, name)
+    try:
+        editable = [f"{name}/{rel}" for rel in gate.task.editable_files(folder)]
+        assert editable, name
+        assert gate.static_hits(Candidate(folder, editable)) == [], name
+    finally:
+        gate.close()

@@ -88,7 +88,7 @@ def test_inside_the_sandbox(tmp_path):
     assert KEY not in got["ppid_environ"] and "ANTHROPIC" not in got["ppid_environ"]
     assert not got["write_tools"] and not got["write_root"] and got["write_scratch"]
     assert not (ROOT / "tools" / "kloop-sandbox-probe").exists()
-    assert set(got["env"]) <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "PWD", *sandbox.INHERITED}
+    assert set(got["env"]) <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "USER", "LOGNAME", "PYTHONPATH", "PWD", *sandbox.INHERITED}
     assert got["exec"] == got["fork"] == got["socket"] == got["subprocess"] == 1  # EPERM
     assert got["thread"]
 

@@ -218,6 +218,10 @@ def minimal_env(extra: Mapping[str, str] | None = None, *, home: str | os.PathLi
         "TMPDIR": home,
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
+        # who the process is, without a passwd lookup: in the sandbox no /etc/passwd names this uid, and
+        # getpass.getuser() (torch's and Triton's cache folders) raises KeyError without these
+        "USER": "kloop",
+        "LOGNAME": "kloop",
     }
     env.update({k: src[k] for k in INHERITED if src.get(k)})
     env.update(extra or {})

@@ -208,12 +208,12 @@ softmax_rows(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ y,
     for (int64_t i = s.head + s.packs * VEC + threadIdx.x; i < n; i += THREADS) y_row[i] = normalise(x_row[i], row_max, inv_sum);
 }
 
-#if defined(KLOOP_TEST_DELAY_NS) || defined(KLOOP_TEST_HIDDEN_NS)
+#if defined(KLOOP_TEST_DELAY_NS)
 // TEST HOOK ONLY, not part of the softmax: the gate's own benchmarks build this file with
 // -DKLOOP_TEST_DELAY_NS=<ns> to get a variant that is slower by a known amount (one thread spinning
-// on %globaltimer after the softmax kernel, on the same stream), or with -DKLOOP_TEST_HIDDEN_NS=<ns>
-// for the same spin on a second stream: work outside the timed region of a known size
-// (bench/hidden_work.py). No task build defines either (the audit would refuse the stream).
+// on %globaltimer after the softmax kernel, on the same stream). bench/hidden_work.py builds a copy of
+// this file that also spins on a second stream (-DKLOOP_TEST_HIDDEN_NS=<ns>): that code is not here,
+// since the gate's static rules refuse a stream anywhere in a shipped task's editable source.
 __global__ void kloop_test_delay(unsigned long long ns) {
     unsigned long long start, now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -232,11 +232,6 @@ extern "C" int kloop_softmax(const __nv_bfloat16* x, __nv_bfloat16* y, int rows,
     softmax_rows<<<dim3(static_cast<unsigned>(rows)), dim3(THREADS), 0, stream>>>(x, y, cols);
 #ifdef KLOOP_TEST_DELAY_NS
     kloop_test_delay<<<1, 1, 0, stream>>>(static_cast<unsigned long long>(KLOOP_TEST_DELAY_NS));
-#endif
-#ifdef KLOOP_TEST_HIDDEN_NS
-    static cudaStream_t side = nullptr;
-    if (side == nullptr) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
-    kloop_test_delay<<<1, 1, 0, side>>>(static_cast<unsigned long long>(KLOOP_TEST_HIDDEN_NS));
 #endif
     return static_cast<int>(cudaGetLastError());
 }
