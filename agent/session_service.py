@@ -375,8 +375,14 @@ class SessionService:
             return
         self._clients.add(who)
         info = self.session.record.info
-        if info.policy == PLACEHOLDER_POLICY:
+        changed = info.policy == PLACEHOLDER_POLICY
+        if changed:
             info.policy = f"mcp:{who}"
+        client = rec.Client(name=(name or "unknown")[:80], version=(version or "")[:40] or None)
+        if not any((c.name, c.version) == (client.name, client.version) for c in info.clients):
+            info.clients.append(client)  # a proper field of run.json: the views show who drove the run
+            changed = True
+        if changed:
             self.session.record.write_info(info)
         self.session.log("note", text=f"mcp client: {who}", data={"source": "mcp", "client": who})
 

@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from agent.policies.base import PolicyContext
 from tools.fmt import fmt_ms
-from tools.sweep import SweepRow, format_sweep
+from tools.sweep import SWEEP_HOW, SweepRow, format_sweep
 
 EXHAUSTIVE_MAX = 64
 RANKING_NOTE = "tuner ranking"  # the note holding the sweep's rows (read back on resume)
@@ -156,8 +156,11 @@ class TunerPolicy:
                 return stop
             changed = {k: v for k, v in row.knobs.items() if current.get(k) != v}
             title = "Tune knobs: " + ", ".join(f"{k}={v}" for k, v in changed.items())
-            rationale = (f"The knob sweep ranked this setting {self._rel(best_score, row.score)} faster than the "
-                         f"current best in quick timings ({row.device or 'this machine'}). Full setting: "
+            # no sweep figure here: this text becomes the commit message, which quotes only the gate's
+            # number (the sweep's quick timings of one setting after another differ from the gate's
+            # paired, flushed A/B; its ranking is in the record's "tuner ranking" note)
+            rationale = ("The knob sweep ranked this setting ahead of the current best (" + SWEEP_HOW
+                         + f", on {row.device or 'this machine'}); the gate's paired timing decides. Full setting: "
                          + " ".join(f"{k}={v}" for k, v in row.knobs.items()))
             res = ctx.toolbox.call("submit", {"title": title[:200], "rationale": rationale, "knobs": row.knobs})
             if res.event == "refused":  # not judged (e.g. it builds to the best's own code): no attempt, next one
