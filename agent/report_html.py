@@ -141,7 +141,7 @@ def _int_ticks(last: int) -> dict:
 
 def _log_axis(values: list[float]) -> dict:
     """range and labelled ticks of a log axis holding `values` (a little padding around them)."""
-    vals = [v for v in values if v and v > 0 and math.isfinite(v)] or [1.0]
+    vals = [v for v in values if v and 1e-300 < v < 1e300 and math.isfinite(v)] or [1.0]
     lo, hi = min(vals) / 1.15, max(vals) * 1.15
     return {"range": [math.log10(lo), math.log10(hi)], **_log_ticks(lo, hi)}
 
@@ -262,6 +262,8 @@ def fig_roofline(view: RunView) -> go.Figure | None:
 def _log_ticks(lo: float, hi: float) -> dict:
     """Ticks at 1, 2, 5 x 10^k within [lo, hi] (finer on a short range), labelled in full: Plotly's
     default labels minor ticks '2', '5' (0.2 and 0.5 read as 2 and 5)."""
+    if not (0 < lo < hi < math.inf) or math.log10(hi) - math.log10(lo) > 60:
+        return {}  # a record's absurd figures: Plotly's own ticks
     def within(mantissas):
         vals = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1) for m in mantissas]
         return [float(f"{v:.6g}") for v in vals if lo <= v <= hi]
