@@ -399,10 +399,10 @@ def _series(baseline: dict, attempts: list[AttemptView], peak_flops: float | Non
 
 def driven_by(info: rec.RunInfo) -> str:
     """Who drove the run: the MCP clients run.json names (name/version from `initialize`), else the policy."""
-    clients = [c for c in _list(getattr(info, "clients", None)) if isinstance(c, dict) and c.get("name")]
+    clients = [c for c in info.clients if c.name]
     if not clients:
         return info.policy
-    names = list(dict.fromkeys(f"{c['name']} {c.get('version') or '?'}" for c in clients))
+    names = list(dict.fromkeys(f"{c.name} {c.version or '?'}" for c in clients))
     return ", ".join(names) + " (over MCP)"
 
 
