@@ -84,7 +84,7 @@ def stdio_run(tmp_path_factory):
     task = make_repo(tmp)
     params = StdioServerParameters(
         command=sys.executable, cwd=str(tmp),
-        args=["-m", "agent.cli", "mcp", str(task), "--gate-seconds", "3", "--max-attempts", "8"],
+        args=["-m", "agent.cli", "mcp", str(task), "--gate-seconds", "6", "--max-attempts", "8"],
         env=server_env(tmp))
     shown: list[str] = []
 
