@@ -7,8 +7,9 @@ resource (`kloop://briefing`) and a prompt (`briefing`), and the server's instru
 
 Transports: stdio (a local agent starts `kloop mcp TASK|RUN` itself), or streamable HTTP
 (`--http HOST:PORT`, 127.0.0.1 unless told otherwise) behind a bearer token that is generated once
-per run, printed once and kept 0600 in the run folder; a request without it gets 401, and is noted
-in the run record (without what it sent).
+per run, printed once and kept 0600 in the run folder; a request without it gets 403 naming the
+token file (not 401, which sends MCP clients into OAuth discovery), and is noted in the run record
+(without what it sent). A tool call with a progressToken gets a progress notification every 2 s.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tools.fmt import json_safe
 
 BRIEFING_URI = "kloop://briefing"
 STATUS_URI = "kloop://status"
-MAX_LOGGED_REJECTIONS = 200  # 401s noted in the run record; past this only a count is kept
+MAX_LOGGED_REJECTIONS = 200  # refused requests noted in the run record; past this only a count is kept
 
 
 def client_of(ctx: Any) -> tuple[str | None, str | None]:
@@ -58,13 +59,11 @@ def build_server(service: SessionService) -> Server:
 
     async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         who(ctx)
-        # tools block (builds, the gate): run them off the event loop so other requests are answered
-        result = await anyio.to_thread.run_sync(service.call, params.name, params.arguments or {})
-        structured = None
-        if params.name in ("submit", "status") and result.data is not None:
-            structured = json_safe(json.loads(json.dumps(result.data, default=str)))  # NaN/Inf as null
-        return types.CallToolResult(content=[types.TextContent(type="text", text=result.text or "(no output)")],
-                                    is_error=not result.ok, structured_content=structured)
+        # tools block (builds, the gate): run them off the event loop so other requests are answered,
+        # and tell a client that asked for progress (its progressToken) that the call is alive
+        result = await with_progress(ctx, params.name, lambda: anyio.to_thread.run_sync(service.call, params.name,
+                                                                                       params.arguments or {}))
+        return tool_result(result)
 
     async def list_resources(ctx, params) -> types.ListResourcesResult:
         return types.ListResourcesResult(resources=[
@@ -108,6 +107,57 @@ def build_server(service: SessionService) -> Server:
     )
 
 
+PROGRESS_EVERY_S = 2.0  # a heartbeat: a client with a per-request timeout resets it on each notification
+
+
+async def with_progress(ctx: Any, tool: str, work: Callable[[], Any]) -> Any:
+    """Run `work` (awaitable factory); meanwhile send the MCP progress notification of this request
+    every PROGRESS_EVERY_S (elapsed seconds as progress, total unknown) when the client gave a
+    progressToken, for any tool: a build, check, bench, sweep, profile or submit can take minutes."""
+    import time
+
+    started = time.monotonic()
+    out: dict[str, Any] = {}
+
+    async def run_it(scope: anyio.CancelScope) -> None:
+        try:
+            out["r"] = await work()
+        except Exception as exc:  # raised as itself below, not wrapped in an exception group
+            out["e"] = exc
+        finally:
+            scope.cancel()
+
+    async def beat() -> None:
+        n = 0
+        while True:
+            await anyio.sleep(PROGRESS_EVERY_S)
+            n += 1
+            try:
+                await ctx.session.report_progress(float(n), None, f"{tool}: running for {time.monotonic() - started:.0f} s")
+            except Exception:  # a client gone or a transport without a back channel: the call goes on
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(beat)
+        await run_it(tg.cancel_scope)
+    if "e" in out:
+        raise out["e"]
+    return out["r"]
+
+
+def tool_result(result: Any) -> types.CallToolResult:
+    """A tool's answer for every client: the text as text content, and for tools with data (submit,
+    status, sweep, ...) a structuredContent holding the data *and* the same text, because some clients
+    (Claude Code) show their model only the structured part when there is one."""
+    text = result.text or "(no output)"
+    structured = None
+    if isinstance(result.data, dict):
+        structured = json_safe(json.loads(json.dumps(result.data, default=str)))  # NaN/Inf as null
+        structured = {**structured, "text": text}
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=not result.ok,
+                                structured_content=structured)
+
+
 def briefing_text(service: SessionService) -> str:
     service.ensure_best()  # the baseline's figures fill the briefing
     return service.agent_text()
@@ -142,12 +192,18 @@ def ensure_token(run_dir: Path) -> tuple[str, bool]:
 
 
 class BearerGate:
-    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <token>`, else 401."""
+    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <token>`.
 
-    def __init__(self, app: Any, token: str, on_reject: Callable[[dict[str, Any]], None]):
+    Without it the answer is 403 with a JSON-RPC error naming the token file, not 401: an MCP
+    client answers any 401 by starting OAuth discovery (Claude Code then fails with "Interactive OAuth
+    requires a TTY" and never shows why), and this server has no OAuth to discover. No
+    WWW-Authenticate header for the same reason; /.well-known/ (OAuth metadata) is a plain 404."""
+
+    def __init__(self, app: Any, token: str, on_reject: Callable[[dict[str, Any]], None], token_file: Path | None = None):
         self.app = app
         self.expected = f"Bearer {token}".encode()
         self.on_reject = on_reject
+        self.token_file = token_file
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] in ("http", "websocket"):
@@ -155,13 +211,22 @@ class BearerGate:
             got = headers.get(b"authorization", b"")
             if not hmac.compare_digest(got, self.expected):
                 client = scope.get("client")
-                self.on_reject({"path": scope.get("path"), "method": scope.get("method"),
+                path = str(scope.get("path") or "")
+                self.on_reject({"path": path, "method": scope.get("method"),
                                 "client": f"{client[0]}:{client[1]}" if client else None,
                                 "authorization_header": "wrong" if got else "missing"})
-                body = b'{"error": "unauthorized: this kloop session needs its bearer token"}'
-                await send({"type": "http.response.start", "status": 401, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b'Bearer realm="kloop"')]})
+                if path.startswith("/.well-known/"):
+                    status, body = 404, b'{"error": "not found: this kloop server has no OAuth; it takes a bearer token"}'
+                else:
+                    where = str(self.token_file) if self.token_file else f"<run folder>/{TOKEN_FILE}"
+                    message = (f"kloop: this MCP session needs its bearer token ({'a wrong one was sent' if got else 'none was sent'}): "
+                               f"send the header 'Authorization: Bearer <token>' with the token kept in {where} "
+                               "(mode 0600, on the machine that serves the session). No OAuth here.")
+                    status = 403
+                    body = json.dumps({"jsonrpc": "2.0", "id": None,
+                                       "error": {"code": -32001, "message": message, "data": {"token_file": where}}}).encode()
+                await send({"type": "http.response.start", "status": status, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
@@ -176,10 +241,10 @@ def http_app(service: SessionService, token: str, host: str) -> Any:
         rejected["n"] += 1
         n = rejected["n"]
         if n <= MAX_LOGGED_REJECTIONS or n % 1000 == 0:
-            service.session.log("note", text=f"mcp http: unauthorized request #{n} refused (401)",
+            service.session.log("note", text=f"mcp http: unauthorized request #{n} refused (403)",
                                 data={"source": "mcp-http", "unauthorized": n, **data})
 
-    return BearerGate(app, token, on_reject)
+    return BearerGate(app, token, on_reject, Path(service.run_dir) / TOKEN_FILE)
 
 
 def parse_hostport(text: str) -> tuple[str, int]:
@@ -222,6 +287,12 @@ def http_config(url: str) -> dict[str, Any]:
 
 
 def print_config(target: str | None, run_dir: Path | None, host: str, port: int) -> str:
+    # the stdio snippet runs from whatever folder the client starts in: name the run by its absolute
+    # folder (a bare run id would need a matching KLOOP_RUNS there), a task by its absolute path
+    if run_dir is not None:
+        target = str(Path(run_dir).resolve())
+    elif target and Path(target).exists():
+        target = str(Path(target).resolve())
     target = target or "TASK_OR_RUN"
     url = f"http://{host}:{port}/mcp"
     token_at = f"{run_dir / TOKEN_FILE}" if run_dir else "<run folder>/" + TOKEN_FILE

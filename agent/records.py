@@ -94,6 +94,17 @@ class Versions(BaseModel):
     git: str | None = None
 
 
+class Client(BaseModel):
+    """An agent that drove the run over MCP, as its `initialize` named itself."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    version: str | None = None
+    via: str = "mcp"
+    first_seen: datetime = Field(default_factory=lambda: utc_now())
+
+
 class RunInfo(BaseModel):
     """run.json: everything needed to understand, resume and replay a run."""
 
@@ -119,6 +130,9 @@ class RunInfo(BaseModel):
     # why the baseline has not been measured yet (e.g. "no CUDA device here": a session started on a
     # workstation without the GPU); None once it is measured. `kloop resume` on the device measures it.
     baseline_pending: str | None = None
+    # who drove it over MCP (client name/version from `initialize`), in the order they came; the
+    # policy says what started it ("cli", "claude", "mcp:<client>")
+    clients: list[Client] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 from plotly.subplots import make_subplots
 
-from agent.run_view import AttemptView, RunView, kernel_deltas
+from agent.run_view import METHOD_BENCH, METHOD_GATE, AttemptView, RunView, kernel_deltas
 from tools.fmt import fmt_num, kernel_name, real
 from tools.fmt import fmt_time as _fmt_time
 
@@ -125,10 +125,25 @@ def fig_progress(view: RunView) -> go.Figure:
     for stage, group in stages.items():
         label = "being judged" if stage == "pending" else f"rejected: {stage or '?'}"
         points(group, label, STAGE_COLORS.get(stage, "#7f7f7f"), "circle-open" if stage != "timing" else "diamond")
-    fig.update_layout(_layout(height=280, xaxis=_axis(title="attempt", dtick=1 if last <= 30 else None, range=[-0.5, last + 0.5]),
-                              yaxis=_axis(title="× baseline (geomean)", type="log"),
+    ys = [y for tr in fig.data for y, e in zip(tr.y, (tr.error_y.array if tr.error_y and tr.error_y.array is not None else [0] * len(tr.y)))
+          for y in (y, y + e)] + [y - e for tr in fig.data if tr.error_y and tr.error_y.arrayminus is not None
+                                  for y, e in zip(tr.y, tr.error_y.arrayminus)]
+    fig.update_layout(_layout(height=280, xaxis=_axis(title="attempt", range=[-0.5, last + 0.5], **_int_ticks(last)),
+                              yaxis=_axis(title="× baseline (gate A/B, compounded)", type="log", **_log_axis(ys)),
                               hovermode="closest"))
     return fig
+
+
+def _int_ticks(last: int) -> dict:
+    """An attempt axis: whole numbers only (Plotly's default puts ticks at 0.5 on a short range)."""
+    return {"tickmode": "linear", "tick0": 0, "dtick": max(1, math.ceil(last / 20)), "tickformat": "d"}
+
+
+def _log_axis(values: list[float]) -> dict:
+    """range and labelled ticks of a log axis holding `values` (a little padding around them)."""
+    vals = [v for v in values if v and 1e-300 < v < 1e300 and math.isfinite(v)] or [1.0]
+    lo, hi = min(vals) / 1.15, max(vals) * 1.15
+    return {"range": [math.log10(lo), math.log10(hi)], **_log_ticks(lo, hi)}
 
 
 def _level_before(atts: list[AttemptView], number: int) -> float:
@@ -142,8 +157,10 @@ def _level_before(atts: list[AttemptView], number: int) -> float:
 
 
 def fig_shapes(view: RunView) -> go.Figure | None:
-    """Per bench shape: time per call (top) and attained rate (bottom) over the accepted commits,
-    against the comparators and the roofline bound."""
+    """Per bench shape over the accepted commits, all from the gate's verdicts (METHOD_GATE): the time
+    per call (top, against the roofline bound) and the speedup on that shape, compounded from the
+    verdicts' per-shape speedups (bottom). The quick bench and its comparators are another method:
+    they are a table of their own, never points on these axes."""
     series = [s for s in view.series if s.times]
     if not series:
         return None
@@ -154,32 +171,24 @@ def fig_shapes(view: RunView) -> go.Figure | None:
         kind = _rate_kind(view, s.flops, s.bytes)
         work, unit, scale = (s.bytes, "GB/s", 1e9) if kind == "gbps" else (s.flops, "TFLOP/s", 1e12)
         peak = view.peak_bytes if kind == "gbps" else view.peak_flops
-        tscale, tunit = (1e3, "ms") if max(s.times + [c.time for c in s.comparators]) >= 1e-3 else (1e6, "µs")
+        tscale, tunit = (1e3, "ms") if max(s.times) >= 1e-3 else (1e6, "µs")
         rates = [work / t / scale if work else None for t in s.times]
-        text = [f"{lab}: {fmt_time(t)}" + (f", {r:.1f} {unit}" if r else "") + (f" ({100 * r * scale / peak:.1f}% of peak)" if r and peak else "")
-                for lab, t, r in zip(s.labels, s.times, rates)]
-        fig.add_trace(go.Scatter(x=s.labels, y=[t * tscale for t in s.times], mode="lines+markers", name="kernel",
-                                 legendgroup="kernel", showlegend=i == 1, line=dict(color=BASE_COLOR, shape="hv"),
+        text = [f"{lab}: {fmt_time(t)} per call, x{sp:.3f} base on {html.escape(s.shape)}"
+                + (f", {r:.1f} {unit}" if r else "") + (f" ({100 * r * scale / peak:.1f}% of peak)" if r and peak else "")
+                + f"<br>{METHOD_GATE}"
+                for lab, t, sp, r in zip(s.labels, s.times, s.speedups, rates)]
+        fig.add_trace(go.Scatter(x=s.labels, y=[t * tscale for t in s.times], mode="lines+markers", name=f"time {s.shape}",
+                                 showlegend=False, line=dict(color=BASE_COLOR, shape="hv"), meta=[s.shape, "time", tscale],
                                  marker=dict(size=6), text=text, hovertemplate="%{text}<extra></extra>"), row=1, col=i)
-        if work:
-            fig.add_trace(go.Scatter(x=s.labels, y=rates, mode="lines+markers", name=unit, legendgroup="kernel",
-                                     showlegend=False, line=dict(color=BASE_COLOR, shape="hv"), marker=dict(size=6),
-                                     text=text, hovertemplate="%{text}<extra></extra>"), row=2, col=i)
-        for j, c in enumerate(s.comparators):
-            color = COMPARATOR_COLORS[j % len(COMPARATOR_COLORS)]
-            fig.add_hline(y=c.time * tscale, line=dict(color=color, dash="dash", width=1), row=1, col=i,
-                          annotation=dict(text=f"{html.escape(c.name)} {fmt_time(c.time)}", font=dict(size=9, color=color)),
-                          annotation_position="top left")
-            if work:
-                fig.add_hline(y=work / c.time / scale, line=dict(color=color, dash="dash", width=1), row=2, col=i)
+        fig.add_trace(go.Scatter(x=s.labels, y=s.speedups, mode="lines+markers", name=f"speedup {s.shape}",
+                                 showlegend=False, line=dict(color=ACCEPTED_COLOR, shape="hv"), meta=[s.shape, "speedup", 1],
+                                 marker=dict(size=6), text=text, hovertemplate="%{text}<extra></extra>"), row=2, col=i)
         if s.bound:
             fig.add_hline(y=s.bound * tscale, line=dict(color="black", dash="dot", width=1), row=1, col=i,
-                          annotation=dict(text=f"roofline {fmt_time(s.bound)}", font=dict(size=9)), annotation_position="bottom left")
-        if peak and work:
-            fig.add_hline(y=peak / scale, line=dict(color="black", dash="dot", width=1), row=2, col=i,
-                          annotation=dict(text=f"peak {peak / scale:.0f} {unit}", font=dict(size=9)), annotation_position="bottom left")
+                          annotation=dict(text=f"roofline bound {fmt_time(s.bound)}", font=dict(size=9)),
+                          annotation_position="bottom left")
         fig.update_yaxes(_axis(title=f"{tunit} per call", rangemode="tozero"), row=1, col=i)
-        fig.update_yaxes(_axis(title=unit, rangemode="tozero"), row=2, col=i)
+        fig.update_yaxes(_axis(title="× base on this shape" if i == 1 else None, rangemode="tozero"), row=2, col=i)
         fig.update_xaxes(_axis(type="category"), row=1, col=i)
         fig.update_xaxes(_axis(type="category", title="accepted commits" if i == 1 else None), row=2, col=i)
     fig.update_layout(_layout(height=420, showlegend=False, hovermode="closest", margin=dict(l=56, r=16, t=36, b=40)))
@@ -189,24 +198,37 @@ def fig_shapes(view: RunView) -> go.Figure | None:
     return fig
 
 
+def roofline_method(view: RunView) -> str:
+    """The one method the roofline's points come from: the gate's when a commit was accepted (then the
+    comparators, timed by the quick bench, are left to the quick-bench table), else the quick bench."""
+    return METHOD_GATE if any(s.times for s in view.series) else METHOD_BENCH
+
+
 def fig_roofline(view: RunView) -> go.Figure | None:
-    """Arithmetic intensity vs attained FLOP/s for the baseline, the best and the comparators."""
+    """Arithmetic intensity vs attained FLOP/s per bench shape (each point named by its shape), from one
+    method only (`roofline_method`): baseline and best by the gate, or baseline and comparators by the
+    quick bench. Without known peak rates (a CPU) no roof is drawn and the plot says so."""
+    gate = roofline_method(view) == METHOD_GATE
     pts: list[tuple[str, str, float, float, str]] = []  # (group, shape, intensity, flop/s, hover)
     for s in view.series:
-        if not (s.flops and s.bytes and s.times):
+        if not (s.flops and s.bytes):
             continue
         ai = s.flops / s.bytes
-        pts.append(("baseline", s.shape, ai, s.flops / s.times[0], f"{s.shape} baseline {fmt_time(s.times[0])}"))
-        if len(s.times) > 1:
-            pts.append(("best", s.shape, ai, s.flops / s.times[-1], f"{s.shape} best ({s.labels[-1]}) {fmt_time(s.times[-1])}"))
-        for c in s.comparators:
-            pts.append((c.name, s.shape, ai, s.flops / c.time, f"{s.shape} {html.escape(c.name)} {fmt_time(c.time)}"))
+        if gate and s.times:
+            pts.append(("baseline", s.shape, ai, s.flops / s.times[0], f"{s.shape} baseline {fmt_time(s.times[0])}"))
+            if len(s.times) > 1:
+                pts.append(("best", s.shape, ai, s.flops / s.times[-1], f"{s.shape} best ({s.labels[-1]}) {fmt_time(s.times[-1])}"))
+        elif not gate and s.bench_time:
+            pts.append(("baseline", s.shape, ai, s.flops / s.bench_time, f"{s.shape} baseline {fmt_time(s.bench_time)}"))
+            for c in s.comparators:
+                pts.append((c.name, s.shape, ai, s.flops / c.time, f"{s.shape} {html.escape(c.name)} {fmt_time(c.time)}"))
     if not pts:
         return None
     fig = go.Figure()
     ais = [p[2] for p in pts]
     lo, hi = min(ais) / 8, max(ais) * 8
-    if view.peak_flops and view.peak_bytes:
+    roofs = bool(view.peak_flops and view.peak_bytes)
+    if roofs:
         ridge = view.peak_flops / view.peak_bytes
         lo, hi = min(lo, ridge / 8), max(hi, ridge * 4)
         xs = [lo, ridge, hi]
@@ -217,13 +239,20 @@ def fig_roofline(view: RunView) -> go.Figure | None:
     for j, g in enumerate(groups):
         color, symbol = styles.get(g, (COMPARATOR_COLORS[j % len(COMPARATOR_COLORS)], "diamond-open"))
         gp = [p for p in pts if p[0] == g]
-        fig.add_trace(go.Scatter(x=[p[2] for p in gp], y=[p[3] / 1e12 for p in gp], mode="markers", name=g,
+        fig.add_trace(go.Scatter(x=[p[2] for p in gp], y=[p[3] / 1e12 for p in gp], mode="markers+text", name=g,
                                  marker=dict(color=color, symbol=symbol, size=10 if g == "best" else 8),
-                                 text=[f"{p[4]}<br>{p[3] / 1e12:.3f} TFLOP/s at {p[2]:.3g} FLOP/B" for p in gp],
-                                 hovertemplate="%{text}<extra></extra>"))
+                                 textposition="middle right", textfont=dict(size=9, color=color),
+                                 text=[html.escape(p[1]) for p in gp], meta=[p[1] for p in gp],
+                                 hovertext=[f"{p[4]}<br>{p[3] / 1e12:.3f} TFLOP/s at {p[2]:.3g} FLOP/B" for p in gp],
+                                 hovertemplate="%{hovertext}<extra></extra>"))
     ys = [p[3] / 1e12 for p in pts] + ([view.peak_flops / 1e12] if view.peak_flops else [])
     ylo, yhi = min(ys) / 2, max(ys) * 2
-    fig.update_layout(_layout(height=300, hovermode="closest",
+    notes = [dict(text="measured by the " + html.escape(roofline_method(view).split(":")[0])
+                  + ("" if roofs else f" · no peak rates known for {html.escape(view.device)}: no roofs drawn"),
+                  xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom", showarrow=False,
+                  font=dict(size=10, color="#666"))]
+    fig.update_layout(_layout(height=300, hovermode="closest", annotations=notes, margin=dict(l=56, r=16, t=40, b=40),
+                              legend=dict(orientation="h", x=1, xanchor="right", y=1.01, yanchor="bottom", font=dict(size=10)),
                               xaxis=_axis(title="arithmetic intensity (FLOP/byte)", type="log", range=[math.log10(lo), math.log10(hi)],
                                           **_log_ticks(lo, hi)),
                               yaxis=_axis(title="TFLOP/s", type="log", range=[math.log10(ylo), math.log10(yhi)], **_log_ticks(ylo, yhi))))
@@ -231,12 +260,22 @@ def fig_roofline(view: RunView) -> go.Figure | None:
 
 
 def _log_ticks(lo: float, hi: float) -> dict:
-    """Ticks at 1, 2, 5 x 10^k within [lo, hi], labelled in full (Plotly's default labels minor ticks '2', '5')."""
-    vals = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1) for m in (1, 2, 5)]
-    vals = [v for v in vals if lo <= v <= hi]
+    """Ticks at 1, 2, 5 x 10^k within [lo, hi] (finer on a short range), labelled in full: Plotly's
+    default labels minor ticks '2', '5' (0.2 and 0.5 read as 2 and 5)."""
+    if not (0 < lo < hi < math.inf) or math.log10(hi) - math.log10(lo) > 60:
+        return {}  # a record's absurd figures: Plotly's own ticks
+    def within(mantissas):
+        vals = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1) for m in mantissas]
+        return [float(f"{v:.6g}") for v in vals if lo <= v <= hi]
+
+    vals = within((1, 2, 5))
+    if len(vals) < 3:
+        vals = within((1, 1.2, 1.5, 2, 3, 5, 7))
+    if len(vals) < 3:
+        vals = within((1, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8, 2, 2.5, 3, 4, 5, 6, 7, 8, 9))
     if len(vals) > 9:
-        vals = [v for v in vals if f"{v:g}".lstrip("0.").startswith("1")]
-    return {"tickvals": vals, "ticktext": [f"{v:g}" for v in vals]}
+        vals = [v for v in vals if f"{v:.6g}".lstrip("0.").startswith("1")]
+    return {"tickmode": "array", "tickvals": vals, "ticktext": [f"{v:g}" for v in vals]}
 
 
 def fig_compare(views: list[RunView]) -> go.Figure:
@@ -254,7 +293,10 @@ def fig_compare(views: list[RunView]) -> go.Figure:
         ys.append(level)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line=dict(shape="hv", color=color), name=f"{v.run_id} ({v.device})",
                                  hovertemplate="attempt %{x}: x%{y:.3f}<extra></extra>"))
-    fig.update_layout(_layout(height=280, xaxis=_axis(title="attempt"), yaxis=_axis(title="× baseline", type="log")))
+    last = max((v.attempts[-1].number for v in views if v.attempts), default=1)
+    fig.update_layout(_layout(height=280, xaxis=_axis(title="attempt", **_int_ticks(last)),
+                              yaxis=_axis(title="× baseline (gate A/B, compounded)", type="log",
+                                          **_log_axis([y for tr in fig.data for y in tr.y]))))
     return fig
 
 
@@ -268,11 +310,22 @@ def figure_json(fig: go.Figure | None) -> Markup | None:
 
 # ---- the page -------------------------------------------------------------------------------------
 
+PLOTLY_BUNDLE = "plotly-basic.min.js"  # agent/static: scatter/bar/pie only, 1.2 MB (the full bundle is 4.8 MB)
+
+
 @lru_cache(maxsize=1)
 def plotly_js() -> str:
-    from plotly.offline import get_plotlyjs
+    """plotly.js's basic bundle (the figures here are scatter traces only): the report inlines it."""
+    from importlib.resources import files
 
-    return get_plotlyjs()
+    return files("agent").joinpath("static", PLOTLY_BUNDLE).read_text(encoding="utf-8")
+
+
+def plotly_bundle_version() -> str | None:
+    import re
+
+    m = re.search(r"plotly\.js \(basic - minified\) v(\S+)", plotly_js()[:400])
+    return m.group(1) if m else None
 
 
 @lru_cache(maxsize=1)
@@ -329,6 +382,9 @@ def body_context(view: RunView) -> dict:
         "best_kernels": best,
         "sass_recorded": any(k.sass_total is not None for k in best + view.baseline_kernels),
         "rate_kinds": {s.shape: _rate_kind(view, s.flops, s.bytes) for s in view.series},
+        "methods": {"gate": METHOD_GATE, "bench": METHOD_BENCH},
+        "roofline_method": roofline_method(view),
+        "comparator_names": list(dict.fromkeys(c.name for s in view.series for c in s.comparators)),
     }
 
 
@@ -351,7 +407,7 @@ def render_report(view: RunView) -> str:
 
 
 def render_compare_body(views: list[RunView]) -> str:
-    return _env().get_template("compare_body.html.j2").render(views=views, rows=compare_rows(views),
+    return _env().get_template("compare_body.html.j2").render(views=views, rows=compare_rows(views), method=METHOD_GATE,
                                                               fig=figure_json(fig_compare(views)))
 
 

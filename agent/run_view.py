@@ -2,8 +2,10 @@
 
 Built only from the files of the record (run.json, events.jsonl, attempts/NNN.patch, notes.md,
 trusted/task.toml): never from the session's worktree or git, so a live session is read, not touched.
-Every number keeps where it came from: baseline times are the session's quick bench (the same harness
-as the comparators); an accepted commit's times are the candidate's medians in the gate's paired run.
+Every number keeps where it was measured, and no figure mixes two methods on one axis: the per-shape
+series over the commits are the gate's paired A/B figures only (the first accepted verdict's best as
+"base", then each accepted candidate, and per-shape speedups compounded from the verdicts); the
+session's quick bench (baseline and comparators, timed one after another) is kept apart.
 """
 
 from __future__ import annotations
@@ -15,8 +17,15 @@ from typing import Any
 
 from agent import records as rec
 from agent.run_state import RunState
+from agent.runlock import read_holder
 from tools.fmt import real
 from tools.roofline import PEAKS, device_key
+
+# how each figure was measured (every plot and table names one of these, and never mixes two on one axis)
+METHOD_GATE = "gate A/B: paired, cache flushed, time per call"
+METHOD_BENCH = "quick bench: one build after another, median per call"
+METHOD_SWEEP = "sweep: quick bench of each setting, one after another"
+IDLE_AFTER_S = 120  # a live session with no event for this long reads "idle since"
 
 PATCH_LIMIT = 400_000  # characters of one attempt's patch shown (a patch that large is read in git)
 
@@ -80,14 +89,17 @@ class Comparator:
 
 @dataclass
 class ShapeSeries:
-    """One bench shape over the accepted commits."""
+    """One bench shape: over the accepted commits as the gate measured them (METHOD_GATE), and the
+    session's quick bench of the baseline beside its comparators (METHOD_BENCH)."""
 
     shape: str
     flops: float | None
     bytes: float | None
-    labels: list[str] = field(default_factory=list)  # "base", "#3", ...
-    times: list[float] = field(default_factory=list)
-    comparators: list[Comparator] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)  # "base", "#3", ... (gate figures only)
+    times: list[float] = field(default_factory=list)  # base: the first accepted verdict's best; then each candidate
+    speedups: list[float] = field(default_factory=list)  # x base on this shape: the verdicts' per-shape speedups compounded
+    bench_time: float | None = None  # quick bench of the baseline
+    comparators: list[Comparator] = field(default_factory=list)  # quick bench, same harness as bench_time
     bound: float | None = None  # roofline time: max(flops / peak FLOP/s, bytes / peak B/s)
 
 
@@ -99,6 +111,7 @@ class ToolCallView:
     input: Any
     output: str
     event: str | None = None
+    at: str = ""  # when it was called (HH:MM:SS UTC)
 
 
 @dataclass
@@ -109,6 +122,7 @@ class TurnView:
     stop_reason: str | None
     tool_calls: list[ToolCallView] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    turn_known: bool = True  # False: tool calls with no model turn in the record (an MCP client's), one list
 
 
 @dataclass
@@ -117,6 +131,7 @@ class RunView:
     dir: Path
     task: str
     policy: str
+    driven_by: str  # who drove it: the MCP clients named in run.json, else the policy
     started: str
     device: str
     device_kind: str
@@ -129,7 +144,7 @@ class RunView:
     model: str | None
     cost_usd: float | None
     turns: int
-    state: str  # running | ended: <reason>
+    state: str  # live ... | idle since ... | ended: <reason> | stopped without an end ...
     compute_unit: str
     peak_flops: float | None
     peak_bytes: float | None
@@ -275,6 +290,7 @@ def load_view(run_dir: Path) -> RunView:
     by_no: dict[int, AttemptView] = {}
     transcript: list[TurnView] = []
     turns_by_no: dict[int, TurnView] = {}
+    loose: TurnView | None = None
     cost = None
     for ev in events:
         if isinstance(ev, rec.Baseline):
@@ -301,12 +317,18 @@ def load_view(run_dir: Path) -> RunView:
             if ev.total_cost_usd is not None:
                 cost = ev.total_cost_usd
         elif isinstance(ev, rec.ToolCall):
-            t = turns_by_no.get(ev.turn) if ev.turn is not None else None
-            if t is None:
-                t = TurnView(ev.turn or 0, "", 0.0, None)
-                transcript.append(t)
-                turns_by_no[t.turn] = t
-            t.tool_calls.append(ToolCallView(ev.name, ev.ok, ev.duration_s, ev.input, ev.text or (ev.error or ""), ev.event))
+            if ev.turn is None:  # an MCP client's call (its turns are not ours to see): all in one list
+                t = loose
+                if t is None:
+                    loose = t = TurnView(0, "", 0.0, None, turn_known=False)
+                    transcript.append(t)
+            else:
+                t = turns_by_no.get(ev.turn)
+                if t is None:
+                    t = turns_by_no[ev.turn] = TurnView(ev.turn, "", 0.0, None)
+                    transcript.append(t)
+            t.tool_calls.append(ToolCallView(ev.name, ev.ok, ev.duration_s, ev.input, ev.text or (ev.error or ""), ev.event,
+                                             at=ev.t.strftime("%H:%M:%S")))
         elif isinstance(ev, rec.Note) and (ev.data or {}).get("source") == "llm":
             t = turns_by_no.get((ev.data or {}).get("turn"))
             if t is not None:
@@ -317,9 +339,8 @@ def load_view(run_dir: Path) -> RunView:
     folded = RunState.fold(events)  # the one reading of verdicts and of the session's state
     for a, st in zip(attempts, folded.attempts):
         a.verdict = st.verdict
-    state = f"ended: {folded.ended}" if folded.ended is not None else "running"
-    if state == "running" and attempts and attempts[-1].verdict == "pending":
-        state = f"running: the gate is judging attempt {attempts[-1].number}"
+    pending = attempts[-1].number if attempts and attempts[-1].verdict == "pending" else None
+    state = session_state(run_dir, folded.ended, events[-1].t if events else None, pending)
     level = 1.0
     for a in attempts:  # the staircase: accepted speedups compound
         if a.verdict == "accepted" and a.speedup:
@@ -338,7 +359,7 @@ def load_view(run_dir: Path) -> RunView:
     except OSError:
         notes = ""
     return RunView(
-        run_id=info.run_id, dir=run_dir, task=info.task, policy=info.policy,
+        run_id=info.run_id, dir=run_dir, task=info.task, policy=info.policy, driven_by=driven_by(info),
         started=info.started_at.strftime("%Y-%m-%d %H:%M UTC"), device=str(device.get("name") or info.gpu or "?"),
         device_kind=str(device.get("kind", "?")), driver=info.versions.driver, compiler=info.versions.compiler,
         torch=info.versions.torch, branch=info.branch, base_commit=info.base_commit,
@@ -354,27 +375,56 @@ def _series(baseline: dict, attempts: list[AttemptView], peak_flops: float | Non
     by_shape: dict[str, ShapeSeries] = {}
     for s in (s for s in _list(_dict(baseline.get("bench")).get("shapes")) if isinstance(s, dict) and s.get("shape") is not None):
         ss = ShapeSeries(str(s["shape"]), _pos(s.get("flops")), _pos(s.get("bytes")))
-        median = _pos(_dict(s.get("kernel")).get("median"))
-        if median:
-            ss.labels.append("base")
-            ss.times.append(median)
+        ss.bench_time = _pos(_dict(s.get("kernel")).get("median"))
         ss.comparators = [Comparator(str(name), _pos(_dict(t).get("median"))) for name, t in _dict(s.get("comparators")).items()
                           if _pos(_dict(t).get("median"))]
         bounds = [x for x in ((ss.flops / peak_flops) if ss.flops and peak_flops else None,
                               (ss.bytes / peak_bytes) if ss.bytes and peak_bytes else None) if x]
         ss.bound = max(bounds) if bounds else None
         by_shape[ss.shape] = ss
-    for a in attempts:
+    for a in attempts:  # the gate's figures only: never a quick-bench time beside a paired one
         if a.verdict != "accepted":
             continue
         for st in a.shapes:
             ss = by_shape.setdefault(st.shape, ShapeSeries(st.shape, None, None))
-            if not ss.times:  # no baseline bench: start from the paired run's best
+            if not ss.times:  # "base": the best as the first accepted decision timed it
                 ss.labels.append("base")
                 ss.times.append(st.time_best)
+                ss.speedups.append(1.0)
             ss.labels.append(f"#{a.number}")
             ss.times.append(st.time_cand)
+            ss.speedups.append(ss.speedups[-1] * (st.speedup or st.time_best / st.time_cand))
     return list(by_shape.values())
+
+
+def driven_by(info: rec.RunInfo) -> str:
+    """Who drove the run: the MCP clients run.json names (name/version from `initialize`), else the policy."""
+    clients = [c for c in info.clients if c.name]
+    if not clients:
+        return info.policy
+    names = list(dict.fromkeys(f"{c.name} {c.version or '?'}" for c in clients))
+    return ", ".join(names) + " (over MCP)"
+
+
+def session_state(run_dir: Path, ended: str | None, last_event, pending: int | None) -> str:
+    """The session's real state: ended (its reason), live (a process holds the run's lock), idle since
+    the last event, or stopped without an end (no live holder)."""
+    if ended is not None:
+        return f"ended: {ended}"
+    since = last_event.strftime("%Y-%m-%d %H:%M:%S UTC") if last_event else "?"
+    holder = read_holder(run_dir)
+    alive = holder.alive() if holder else False
+    if alive is False:
+        return f"stopped without an end (no process holds the run; last event {since})"
+    who = f"pid {holder.pid} on {holder.host}"
+    if pending is not None:
+        return f"live ({who}): the gate is judging attempt {pending}"
+    from datetime import datetime, timezone
+
+    quiet = (datetime.now(timezone.utc) - last_event).total_seconds() if last_event else 0
+    if alive is None:
+        return f"held by {who} (another host: not checked from here); last event {since}"
+    return f"live ({who}), idle since {since}" if quiet >= IDLE_AFTER_S else f"live ({who}), last event {since}"
 
 
 # ---- deltas against the best --------------------------------------------------------------------
@@ -419,6 +469,8 @@ class RunRow:
     device: str = ""
     speedup: float | None = None  # compounded over accepted attempts (what the report calls "over the baseline")
     pending: int | None = None  # the attempt being judged, if any
+    driven_by: str = ""
+    state: str = ""  # session_state()
 
 
 def run_rows(runs_root: Path) -> list[RunRow]:
@@ -443,4 +495,6 @@ def run_rows(runs_root: Path) -> list[RunRow]:
         row.speedup = state.best_speedup if s.accepted else None
         pending = state.pending
         row.pending = pending.number if pending is not None and not s.ended else None
+        row.driven_by = driven_by(record.info)
+        row.state = session_state(d, s.end_reason if s.ended else None, s.last_event_at, row.pending)
     return rows

@@ -545,6 +545,10 @@ class Session:
             return None
         best_lib = self.best_build.lib if self.best_build is not None and getattr(self.best_build, "ok", False) else None
         if digest is not None and best_lib and Path(best_lib).is_file() and code_digest(best_lib) == digest:
+            from tools.knob_edits import knob_define_edits, knob_edit_advice
+
+            if edits := knob_define_edits(patch, self.gate.task.manifest.knobs):
+                return knob_edit_advice(edits)
             return (f"this change builds to the same code as the best ({self.best_commit[:10]}): a comment or "
                     "whitespace apart, there is nothing to time (a timing could only ever accept noise), so it is "
                     "refused without timing and costs no attempt. Change the code, or revert")

@@ -112,6 +112,11 @@ def status_data(session: Session) -> dict[str, Any]:
     }
 
 
+def tool_list(toolbox: Any) -> str:
+    """The tools the server serves, as the briefing names them: from the toolbox, never by hand."""
+    return ", ".join(f"`{name}`" for name in toolbox.tools)
+
+
 def format_status(d: dict[str, Any]) -> str:
     def left(key: str, unit: str) -> str:
         cap_ = d["budget"][f"max_{key}"]
@@ -375,8 +380,14 @@ class SessionService:
             return
         self._clients.add(who)
         info = self.session.record.info
-        if info.policy == PLACEHOLDER_POLICY:
+        changed = info.policy == PLACEHOLDER_POLICY
+        if changed:
             info.policy = f"mcp:{who}"
+        client = rec.Client(name=(name or "unknown")[:80], version=(version or "")[:40] or None)
+        if not any((c.name, c.version) == (client.name, client.version) for c in info.clients):
+            info.clients.append(client)  # a proper field of run.json: the views show who drove the run
+            changed = True
+        if changed:
             self.session.record.write_info(info)
         self.session.log("note", text=f"mcp client: {who}", data={"source": "mcp", "client": who})
 
@@ -386,7 +397,8 @@ class SessionService:
 
         s = self.session
         return render_template("external", run_id=s.record.info.run_id, worktree=s.ws.path,
-                               task_folder=s.ws.task_rel or ".", editable=", ".join(s.gate.task.manifest.editable))
+                               task_folder=s.ws.task_rel or ".", editable=", ".join(s.gate.task.manifest.editable),
+                               tools=tool_list(self.toolbox))
 
     def briefing(self) -> str:
         return self.session.briefing()

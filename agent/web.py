@@ -6,6 +6,7 @@
     /runs/RUN/stream           Server-Sent Events: one `record` event per change of events.jsonl
     /runs/RUN/report.html      the self-contained report, as `kloop report` writes it
     /compare?a=RUN&b=RUN       two runs side by side
+    /static/plotly-HASH.min.js plotly.js, named by its hash: sent once (immutable, ETag), gzipped
 
 Only GET routes; the app reads run.json, events.jsonl, patches and notes.md, never the session's
 worktree or process (the record is written ahead, so it is the live state). It binds 127.0.0.1 by
@@ -16,15 +17,19 @@ default (and then answers only to loopback Host names: no DNS rebinding); on any
 from __future__ import annotations
 
 import asyncio
+import gzip
+import hashlib
 import ipaddress
 import json
 import re
 import secrets
+from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -47,6 +52,18 @@ setInterval(function () {
     .then(function (h) { if (h !== null) document.getElementById("body").innerHTML = h; });
 }, 3000);
 </script>"""
+
+
+@lru_cache(maxsize=1)
+def plotly_asset() -> tuple[str, bytes, bytes]:
+    """(content hash, the script, the script gzipped): compressed once, named by its hash so that a
+    browser may keep it for good (a new bundle is a new name)."""
+    data = plotly_js().encode()
+    return hashlib.sha256(data).hexdigest()[:16], data, gzip.compress(data, 9)
+
+
+def plotly_url(prefix: str = "") -> str:
+    return f"{prefix}static/plotly-{plotly_asset()[0]}.min.js"
 
 
 def is_loopback(host: str) -> bool:
@@ -120,11 +137,11 @@ def create_app(runs_root: Path, token: str | None = None) -> Starlette:
 
     def not_found(what: str) -> HTMLResponse:
         return html(render_page("kloop: not found", f"<p>no run <code>{_escape(what)}</code> in this folder</p>",
-                                plotly_src="../static/plotly.min.js", csp=CSP_LIVE), 404)
+                                plotly_src=plotly_url("/"), csp=CSP_LIVE), 404)
 
     def index(request: Request) -> Response:
         body = render_index(run_rows(root), str(root))
-        page = render_page(f"kloop runs in {root}", body, plotly_src="static/plotly.min.js", csp=CSP_LIVE)
+        page = render_page(f"kloop runs in {root}", body, plotly_src=plotly_url(), csp=CSP_LIVE)
         return html(page.replace("</body>", INDEX_REFRESH + "</body>"))
 
     def index_body(request: Request) -> Response:
@@ -140,7 +157,7 @@ def create_app(runs_root: Path, token: str | None = None) -> Starlette:
         name = quote(view.run_id)
         live = {"home": "../", "body_url": f"{name}/body", "stream_url": f"{name}/stream", "report": f"{name}/report.html",
                 "stamp": stamp}
-        return html(render_page(f"kloop {view.run_id}", render_body(view), plotly_src="../static/plotly.min.js",
+        return html(render_page(f"kloop {view.run_id}", render_body(view), plotly_src=plotly_url("../"),
                                 live=live, csp=CSP_LIVE))
 
     def run_body(request: Request) -> Response:
@@ -190,19 +207,29 @@ def create_app(runs_root: Path, token: str | None = None) -> Starlette:
                 views.append(load_view(root / run_id))
             except rec.RecordError as exc:
                 return not_found(str(exc))
-        return html(render_page("kloop compare", render_compare_body(views), plotly_src="static/plotly.min.js", csp=CSP_LIVE))
+        return html(render_page("kloop compare", render_compare_body(views), plotly_src=plotly_url(), csp=CSP_LIVE))
 
     def plotly(request: Request) -> Response:
-        return Response(plotly_js(), media_type="application/javascript",
-                        headers={"Cache-Control": "max-age=86400", "X-Content-Type-Options": "nosniff"})
+        digest, data, packed = plotly_asset()
+        if request.path_params["digest"] != digest:
+            return PlainTextResponse("no such asset (the page is older than this server: reload it)\n", status_code=404)
+        etag = f'"{digest}"'
+        headers = {"Cache-Control": "public, max-age=31536000, immutable", "ETag": etag, "Vary": "Accept-Encoding",
+                   "X-Content-Type-Options": "nosniff"}
+        if etag in request.headers.get("if-none-match", ""):
+            return Response(status_code=304, headers=headers)
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            return Response(packed, media_type="application/javascript", headers=dict(headers, **{"Content-Encoding": "gzip"}))
+        return Response(data, media_type="application/javascript", headers=headers)
 
     routes = [
         Route("/", index), Route("/index/body", index_body), Route("/compare", compare),
-        Route("/static/plotly.min.js", plotly),
+        Route("/static/plotly-{digest}.min.js", plotly),
         Route("/runs/{run_id}", run_page), Route("/runs/{run_id}/body", run_body),
         Route("/runs/{run_id}/stream", stream), Route("/runs/{run_id}/report.html", run_report),
     ]
     middleware = [Middleware(TokenGate, token=token)] if token else [Middleware(LoopbackHostOnly)]
+    middleware.append(Middleware(GZipMiddleware, minimum_size=1024))  # pages; the SSE stream is left alone
     return Starlette(routes=routes, middleware=middleware)
 
 

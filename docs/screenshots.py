@@ -1,5 +1,7 @@
-"""Makes docs/report.png, docs/report-attempt.png, docs/dashboard.png and docs/dashboard-live.png from the H200 fixture record
-(tests/fixtures/softmax_h200) and any run folders given, with the system's Chromium.
+"""Makes docs/report.png, docs/report-attempt.png, docs/dashboard.png and docs/dashboard-live.png, with the
+system's Chromium, from a real recorded run (docs/example-run: the tuner on matmul_cpu, measured on a shared
+2-core AMD EPYC box), whose every figure `kloop show docs/example-run/RUN` prints too. The run list also
+shows the H200 fixture (tests/fixtures/softmax_h200: its attempts are made up) and any run folders given.
 
     python3 docs/screenshots.py [RUN_DIR ...]      # from the repository root
 """
@@ -20,36 +22,41 @@ from playwright.sync_api import sync_playwright
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.records import RunRecord  # noqa: E402
 from agent.report_html import render_report  # noqa: E402
 from agent.run_view import load_view  # noqa: E402
 from tests.test_report_web import CHROMIUM, CHROMIUM_ARGS, free_port, stop_server  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "softmax_h200"
 DOCS = ROOT / "docs"
-RUN_ID = "20261129-101500-softmax-h200"
-LIVE_ID = "20261129-141000-softmax-h200"
+EXAMPLE = next((DOCS / "example-run").iterdir())
+RUN_ID = EXAMPLE.name
+FIXTURE_ID = "20261129-101500-softmax-h200"
+LIVE_ID = RUN_ID[:-4] + "live"
 
 
 def live_copy(src: Path, dest: Path) -> None:
-    """The fixture as it looked mid-session: attempt 6 submitted, the gate still judging it."""
+    """The example run as it looked mid-session: attempt 1 submitted, the gate still judging it, the
+    session's process alive (this script's pid holds it in lock.json)."""
+    import os
+    import socket
+
     shutil.copytree(src, dest)
     info = json.loads((dest / "run.json").read_text())
     (dest / "run.json").write_text(json.dumps(info | {"run_id": dest.name, "branch": f"kloop/{dest.name}"}, indent=2))
     lines = (dest / "events.jsonl").read_text().splitlines()
-    (dest / "events.jsonl").write_text("\n".join(lines[:-2]) + "\n")  # no policy_stop / session_ended yet
-    rec = RunRecord.open(dest)
-    patch = rec.write_patch(6, "--- a/kernels/softmax/softmax.cu\n+++ b/kernels/softmax/softmax.cu\n@@ -150 +150 @@\n"
-                               "-  const float inv = 1.0f / s;\n+  const float inv = __frcp_rn(s);\n")
-    rec.log("attempt_started", attempt=6, title="Reciprocal with __frcp_rn", patch=str(patch.relative_to(dest)))
+    first = next(i for i, l in enumerate(lines) if '"attempt_started"' in l)
+    (dest / "events.jsonl").write_text("\n".join(lines[:first + 1]) + "\n")
+    (dest / "lock.json").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                                "since": info["started_at"], "command": "kloop optimize"}))
 
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp) / "runs"
         runs.mkdir()
-        shutil.copytree(FIXTURE, runs / RUN_ID)
-        live_copy(FIXTURE, runs / LIVE_ID)
+        shutil.copytree(EXAMPLE, runs / RUN_ID)
+        shutil.copytree(FIXTURE, runs / FIXTURE_ID)
+        live_copy(EXAMPLE, runs / LIVE_ID)
         for extra in sys.argv[1:]:
             shutil.copytree(extra, runs / Path(extra).name)
         report = Path(tmp) / "report.html"
@@ -69,11 +76,11 @@ def main() -> None:
                 page = b.new_page(viewport={"width": 1280, "height": 1200})
                 page.goto(report.as_uri())
                 page.wait_for_timeout(1500)
-                page.screenshot(path=str(DOCS / "report.png"), full_page=True, clip={"x": 0, "y": 0, "width": 1280, "height": 1420})
+                page.screenshot(path=str(DOCS / "report.png"), full_page=True, clip={"x": 0, "y": 0, "width": 1280, "height": 1500})
                 page.click('tr.attempt[data-n="1"]')
                 page.wait_for_timeout(300)
                 page.locator("table.attempts").screenshot(path=str(DOCS / "report-attempt.png"))
-                page.set_viewport_size({"width": 1280, "height": 170})
+                page.set_viewport_size({"width": 1280, "height": 200})
                 page.goto(f"http://127.0.0.1:{port}/")
                 page.wait_for_timeout(800)
                 page.screenshot(path=str(DOCS / "dashboard.png"))

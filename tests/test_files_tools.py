@@ -74,6 +74,43 @@ def test_list_files_marks_symlinks_and_skips_pycache(env):
     assert len(link_lines) == 2 and all("symlink" in ln for ln in link_lines)
 
 
+def test_list_files_leaves_out_git_and_kloops_agent_files(env):
+    """A worktree's `.git` (a file there) and the AGENTS.md / CLAUDE.md / .mcp.json kloop writes for
+    the user's agent are not task files: not listed, not counted."""
+    before = call(env, "list_files")
+    n = int(before.text.splitlines()[0].split(": ")[1].split()[0])
+    (env.root / ".git").write_text("gitdir: /somewhere/.git/worktrees/x\n")
+    for name in ("AGENTS.md", "CLAUDE.md", ".mcp.json"):
+        (env.root / name).write_text("kloop's\n")
+    (env.root / "sub").mkdir()
+    (env.root / "sub" / "CLAUDE.md").write_text("a task's own file, below the root\n")
+    r = call(env, "list_files")
+    listed = [e["path"] for e in r.data["files"]]
+    assert not {".git", "AGENTS.md", "CLAUDE.md", ".mcp.json"} & set(listed), listed
+    assert "sub/CLAUDE.md" in listed
+    assert r.text.splitlines()[0].endswith(f": {n + 1} files")
+
+
+def test_readme_and_the_briefing_list_the_tools_the_server_serves():
+    """The tool list in the README and in CLAUDE.md/AGENTS.md (prompts/external.md, filled from the
+    toolbox) is the served one: `knobs` was missing from both when it was written by hand."""
+    import re
+
+    from agent.prompts import render_template
+    from agent.session_service import STATUS_TOOL, tool_list
+    from tools.agent_tools import session_toolbox
+
+    box = session_toolbox(None)
+    box.add(STATUS_TOOL)
+    served = list(box.tools)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    m = re.search(r"the tools are `([a-z_ \n]+)`", readme)
+    assert m, "README: the sentence 'the tools are `...`' is gone"
+    assert m.group(1).split() == served, f"README lists {m.group(1).split()}; the server serves {served}"
+    text = render_template("external", run_id="r", worktree="/w", task_folder="t", editable="*.cpp", tools=tool_list(box))
+    assert all(f"`{name}`" in text for name in served) and "`knobs`" in text
+
+
 # ---------------------------------------------------------------------------------------------
 # read_file
 # ---------------------------------------------------------------------------------------------

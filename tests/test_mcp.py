@@ -2,7 +2,7 @@
 handshake, as Claude Code does) and over streamable HTTP (behind the bearer token): the tool list is
 the ToolBox's, files are read and edited, an out-of-scope edit and a no-op submit are refused, real
 gains land as one commit each, two submits at once get one 'busy', a request without the token gets
-401 (and is noted in the record), and the API key never appears in what the client is shown.
+403 naming the token file (no OAuth: a 401 sends clients into OAuth discovery; it is noted in the record), and the API key never appears in what the client is shown.
 """
 
 from __future__ import annotations
@@ -54,8 +54,11 @@ class Transcript:
         self.client = client
         self.texts: list[str] = []
 
-    async def call(self, name: str, args: dict | None = None) -> types.CallToolResult:
-        result = await self.client.call_tool(name, args or {})
+    async def call(self, name: str, args: dict | None = None, progress: list | None = None) -> types.CallToolResult:
+        async def on_progress(done: float, total: float | None, message: str | None) -> None:
+            progress.append((done, total, message))
+
+        result = await self.client.call_tool(name, args or {}, progress_callback=on_progress if progress is not None else None)
         self.texts += [c.text for c in result.content if isinstance(c, types.TextContent)]
         if result.structured_content:
             self.texts.append(json.dumps(result.structured_content))
@@ -66,6 +69,14 @@ def text_of(result: types.CallToolResult) -> str:
     return "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
 
 
+def model_sees(result: types.CallToolResult) -> str:
+    """What Claude Code puts before its model: the structuredContent when there is one (then the text
+    content is not shown), else the text."""
+    if result.structured_content is not None:
+        return json.dumps(result.structured_content, ensure_ascii=False)
+    return text_of(result)
+
+
 @pytest.fixture(scope="module")
 def stdio_run(tmp_path_factory):
     """A session started by `kloop mcp TASK` over stdio and driven to one accepted gain."""
@@ -73,7 +84,7 @@ def stdio_run(tmp_path_factory):
     task = make_repo(tmp)
     params = StdioServerParameters(
         command=sys.executable, cwd=str(tmp),
-        args=["-m", "agent.cli", "mcp", str(task), "--gate-seconds", "3", "--max-attempts", "8"],
+        args=["-m", "agent.cli", "mcp", str(task), "--gate-seconds", "6", "--max-attempts", "8"],
         env=server_env(tmp))
     shown: list[str] = []
 
@@ -93,10 +104,15 @@ def stdio_run(tmp_path_factory):
             out["edit_manifest"] = await t.call("edit_file", {"path": "task.toml", "old": "min_gain", "new": "max_gain"})
             out["escape"] = await t.call("read_file", {"path": "../../README.md"})
             out["noop"] = await t.call("submit", {"title": "Nothing changed"})
+            out["broken_edit"] = await t.call("edit_file", {"path": "matmul.cpp", "old": WASTE[2],
+                                                            "new": WASTE[2] + "  C[0] += 1.0f;\n"})
+            out["broken"] = await t.call("submit", {"title": "Off by one in the corner"})
             out["edit"] = await t.call("edit_file", {"path": "matmul.cpp", "old": WASTE[1] + WASTE[2], "new": ""})
             out["check"] = await t.call("check")
+            out["gain_progress"] = []
             out["gain"] = await t.call("submit", {"title": "Compute the product twice, not four times",
-                                                   "rationale": "two of the four products were thrown away"})
+                                                   "rationale": "two of the four products were thrown away"},
+                                       progress=out["gain_progress"])
             out["status"] = await t.call("status")
             shown.extend(t.texts + [out["briefing"], out["prompt"], out["instructions"] or ""])
             return out
@@ -137,15 +153,63 @@ def test_stdio_noop_refused_and_gain_lands_as_one_commit(stdio_run):
     assert gain.structured_content["accepted"] is True, text_of(gain)
     assert gain.structured_content["speedup"] > 1.5
     status = stdio_run["status"].structured_content
-    assert status["accepted"] == 1 and status["attempts"] == 2 and status["left"]["attempts"] == 6
+    assert status["accepted"] == 1 and status["attempts"] == 3 and status["left"]["attempts"] == 5
     info = RunRecord.open(stdio_run["run_dir"]).info
     assert info.policy == "mcp:pytest-mcp/0.9"
     assert accepted_commits(stdio_run["repo"], info.branch, info.base_commit) == ["Compute the product twice, not four times"]
     assert sorted(git.Repo(stdio_run["repo"]).commit(info.branch).stats.files) == ["kernels/matmul_cpu/matmul.cpp"]
     events = RunRecord.open(stdio_run["run_dir"]).events()
-    assert [e.name for e in events if e.kind == "tool_call"].count("submit") == 2
+    assert [e.name for e in events if e.kind == "tool_call"].count("submit") == 3
     assert events[-1].kind == "note" and "client disconnected" in events[-1].text  # the session stays open
     assert KEY not in "\n".join(stdio_run["shown"])
+
+
+def test_a_model_sees_the_whole_verdict(stdio_run):
+    """Accepted and rejected, what the client's model is shown (structuredContent, as Claude Code reads
+    it) carries the verdict's text: per-shape timings, the check table, what happened to the worktree."""
+    gain, broken = stdio_run["gain"], stdio_run["broken"]
+    assert not stdio_run["broken_edit"].is_error
+    for result in (gain, broken):
+        seen = model_sees(result)
+        assert result.structured_content["text"] == text_of(result)  # the same words either way
+        assert text_of(result) in json.loads(seen)["text"]
+    seen_gain = model_sees(gain)
+    shapes = gain.structured_content["shapes"]
+    assert len(shapes) >= 2 and all(s["time_best"] > s["time_candidate"] > 0 for s in shapes), shapes
+    for s in shapes:
+        assert s["shape"] in text_of(gain) and s["shape"] in seen_gain
+    assert "committed" in gain.structured_content["worktree"] and "new best" in seen_gain
+    assert "gate A/B" in gain.structured_content["timing_method"]
+
+    assert broken.structured_content["accepted"] is False and broken.structured_content["stage"] == "check", text_of(broken)
+    seen_broken = model_sees(broken)
+    assert "reverted" in broken.structured_content["worktree"] and "your edits were reverted" in seen_broken
+    failures = broken.structured_content["check_failures"]
+    assert failures and all(not f["passed"] for f in failures)
+    assert failures[0]["shape"] in text_of(broken) and failures[0]["shape"] in seen_broken
+
+
+def test_long_tools_send_progress(stdio_run):
+    """A submit (seconds of building and timing) sends MCP progress notifications to a client that gave
+    a progressToken: a client with a per-request timeout is kept waiting, not timed out."""
+    progress = stdio_run["gain_progress"]
+    assert progress, "no progress notification during a submit"
+    assert [p[0] for p in progress] == sorted(p[0] for p in progress) and all("submit: running" in p[2] for p in progress)
+
+
+def test_print_config_works_from_any_folder(stdio_run, tmp_path):
+    """The stdio snippet names the run by its absolute folder: it works without KLOOP_RUNS, from anywhere."""
+    env = {k: v for k, v in {**os.environ, **server_env(stdio_run["tmp"])}.items() if k != "KLOOP_RUNS"}
+    run_dir = stdio_run["run_dir"]
+    out = subprocess.run([sys.executable, "-m", "agent.cli", "mcp", run_dir.name, "--print-config"],
+                         capture_output=True, text=True, env={**env, "KLOOP_RUNS": str(run_dir.parent)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    snippet = json.loads(out.stdout[out.stdout.index("{"):out.stdout.index("\n}\n") + 2])
+    server = snippet["mcpServers"]["kloop"]
+    assert server["args"][-1] == str(run_dir.resolve())
+    again = subprocess.run([server["command"], *server["args"], "--print-config"], capture_output=True, text=True,
+                           env=env, cwd=tmp_path, timeout=120)
+    assert again.returncode == 0 and str(run_dir.resolve()) in again.stdout, again.stderr
 
 
 def _free_port() -> int:
@@ -168,6 +232,25 @@ def _post(url: str, headers: dict[str, str]) -> int:
         return 0  # not listening yet
 
 
+def await_unauthorized(url: str) -> str:
+    """What the official SDK client without the token is told (it must name the token file, and the
+    client must not be sent into OAuth)."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def go() -> str:
+        http = httpx2.AsyncClient(timeout=httpx2.Timeout(60), trust_env=False)
+        try:
+            async with http, Client(streamable_http_client(url, http_client=http), client_info=CLIENT,
+                                    read_timeout_seconds=60) as client:
+                await client.list_tools()
+        except Exception as exc:  # the initialize is refused: the error carries the server's message
+            return "".join(str(e) for e in getattr(exc, "exceptions", [exc])) + repr(exc)
+        return "(no error)"
+
+    return anyio.run(go)
+
+
 def test_http_resumes_the_run_behind_a_token(stdio_run):
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
@@ -182,14 +265,17 @@ def test_http_resumes_the_run_behind_a_token(stdio_run):
         token_file = run_dir / "mcp-token"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if token_file.is_file() and _post(url, {}) == 401:
+            if token_file.is_file() and _post(url, {}) == 403:
                 break
             assert proc.poll() is None, (tmp / "http-server.log").read_text()
             time.sleep(0.5)
         token = token_file.read_text().strip()
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
-        assert _post(url, {}) == 401
-        assert _post(url, {"Authorization": "Bearer not-the-token"}) == 401
+        assert _post(url, {}) == 403
+        assert _post(url, {"Authorization": "Bearer not-the-token"}) == 403
+        assert _post(url.replace("/mcp", "/.well-known/oauth-protected-resource"), {}) == 404  # no OAuth to discover
+        unauthorized = await_unauthorized(url)
+        assert str(token_file) in unauthorized, unauthorized
 
         async def drive() -> dict:
             out: dict = {}

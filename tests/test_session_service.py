@@ -102,7 +102,7 @@ def test_budgets_from_the_record():
 
 
 def test_print_config_and_token(tmp_path):
-    text = print_config("kernels/softmax", None, "127.0.0.1", 8765)
+    text = print_config("kernels/softmax", None, "127.0.0.1", 8765)  # (run from the repository root, as pytest is)
     blocks, cur = [], []
     for line in text.splitlines():  # the JSON blocks between the comment lines
         if line.startswith("#"):
@@ -114,7 +114,8 @@ def test_print_config_and_token(tmp_path):
     if cur:
         blocks.append(json.loads("\n".join(cur)))
     stdio, http = (b["mcpServers"]["kloop"] for b in blocks)
-    assert stdio["type"] == "stdio" and stdio["args"][-2:] == ["mcp", "kernels/softmax"]
+    # a task that exists here is named by its absolute path: the snippet works from any folder
+    assert stdio["type"] == "stdio" and stdio["args"][-2:] == ["mcp", str(Path("kernels/softmax").resolve())]
     assert http["url"] == "http://127.0.0.1:8765/mcp" and http["headers"]["Authorization"].startswith("Bearer ")
     token, new = ensure_token(tmp_path)
     assert new and len(token) >= 32 and (tmp_path / "mcp-token").stat().st_mode & 0o777 == 0o600
@@ -144,8 +145,9 @@ def test_bearer_gate_refuses_without_the_token():
                    None, send)
         return sent[0]["status"] if sent else 200
 
-    assert anyio.run(request, []) == 401
-    assert anyio.run(request, [(b"authorization", b"Bearer wrong")]) == 401
+    # 403, not 401: MCP clients answer a 401 with OAuth discovery (this server has none)
+    assert anyio.run(request, []) == 403
+    assert anyio.run(request, [(b"authorization", b"Bearer wrong")]) == 403
     assert anyio.run(request, [(b"authorization", b"Bearer s3cret-token")]) == 200
     assert seen == ["/mcp"] and [r["authorization_header"] for r in refused] == ["missing", "wrong"]
     assert "s3cret" not in json.dumps(refused) and "wrong" not in json.dumps([r["client"] for r in refused])

@@ -133,6 +133,20 @@ def test_a_change_that_builds_to_the_best_s_code_is_not_timed(service):
     assert src.read_text() == changed
 
 
+def test_a_knob_default_edited_in_the_source_points_to_submit_knobs(service):
+    """Knobs are passed with -D: editing a knob's #define default builds the best's own code. The agent
+    is told so and to pass the setting with submit(knobs=...), not that it changed 'a comment or whitespace'."""
+    src = service.session.ws.task_path / "matmul.cpp"
+    text = src.read_text()
+    assert "#define LOOP_ORDER 0" in text
+    src.write_text(text.replace("#define LOOP_ORDER 0", "#define LOOP_ORDER 1"))
+    before = len(_attempts(service))
+    res = service.call("submit", {"title": "Loop order i-k-j", "gate_seconds": 1})
+    assert not res.ok and res.event == "refused", res.text
+    assert "LOOP_ORDER" in res.text and 'submit(knobs={"LOOP_ORDER": 1})' in res.text, res.text
+    assert "comment or whitespace" not in res.text and len(_attempts(service)) == before
+
+
 @pytest.mark.slow
 def test_a_slower_change_dressed_up_is_refused_by_its_code(service):
     """Optional stopping with a cosmetic edit: the slower change plus a comment is a new patch but the same

@@ -253,9 +253,25 @@ def submit_tool(ctx: SessionPort, args: SubmitInput) -> ToolResult:
     text = verdict.summary()
     text += ("\nThe change is committed; it is the new best." if verdict.accepted
              else "\nThe worktree is back at the best version; your edits were reverted (the attempt is recorded).")
-    return ToolResult(ok=True, text=text, event="accepted" if verdict.accepted else "rejected",
-                      data={"accepted": verdict.accepted, "stage": verdict.stage, "reason": verdict.reason,
-                            "speedup": verdict.speedup, "speedup_lo": verdict.speedup_lo, "speedup_hi": verdict.speedup_hi})
+    return ToolResult(ok=True, text=text, event="accepted" if verdict.accepted else "rejected", data=submit_data(verdict))
+
+
+def submit_data(verdict) -> dict:
+    """The verdict as data, with the same facts as its text (a client that shows its model only the
+    structured result, as Claude Code does, must not lose the per-shape timings, the check table or
+    what happened to the worktree)."""
+    ab, check = getattr(verdict, "ab", None), getattr(verdict, "check", None)
+    return {
+        "accepted": verdict.accepted, "stage": verdict.stage, "reason": verdict.reason,
+        "speedup": verdict.speedup, "speedup_lo": verdict.speedup_lo, "speedup_hi": verdict.speedup_hi,
+        "worktree": ("committed: the change is the new best" if verdict.accepted
+                     else "reverted: the worktree is back at the best version, your edits are gone (the attempt is recorded)"),
+        "timing_method": "gate A/B: best and candidate in interleaved pairs, cache flushed, seconds per call",
+        "shapes": [{"shape": s.shape, "time_best": s.time_a, "time_candidate": s.time_b, "speedup": s.speedup,
+                    "speedup_lo": s.speedup_lo, "speedup_hi": s.speedup_hi, "pairs": s.pairs}
+                   for s in (ab.shapes if ab is not None else [])],
+        "check_failures": [f.model_dump(mode="json") for f in (check.failures() if check is not None else [])][:10],
+    }
 
 
 class BatchItem(ToolInput):

@@ -33,6 +33,10 @@ LIST_MAX_ENTRIES = 300
 EDIT_CONTEXT_LINES = 3  # lines shown before/after each change
 EDIT_MAX_REGIONS_SHOWN = 3
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+# not task files: git's (a worktree's `.git` is a file) and the files kloop writes at a worktree's root
+# for the user's agent (agent/workspace.py AGENT_FILES); never listed
+SKIP_FILES = {".git"}
+SKIP_ROOT_FILES = {".mcp.json", "AGENTS.md", "CLAUDE.md"}
 
 
 class PathError(Exception):
@@ -223,6 +227,7 @@ def list_files(ctx: Any, args: ListFilesInput) -> ToolResult:
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
         base = Path(dirpath)
         names = sorted(filenames) + [d for d in dirnames if (base / d).is_symlink()]
+        names = [n for n in names if n not in SKIP_FILES and not (base == root and n in SKIP_ROOT_FILES)]
         for name in sorted(names):
             p = base / name
             rel = p.relative_to(root).as_posix()

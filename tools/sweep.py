@@ -22,6 +22,13 @@ from tools.fmt import fmt_ms
 from tools.evaluate import run_bench, unsandboxed_refusal
 
 
+# how a sweep ranks (every sweep table and anything quoting a sweep says so): not the gate's measurement
+SWEEP_HOW = ("ranked by the sweep: quick bench, each setting timed alone one after another, median per call, "
+             "no paired A/B")
+SWEEP_VS_GATE = ("the gate times a candidate against the best in interleaved pairs with the cache flushed and fresh "
+                 "inputs each pass, so its speedup can differ from the sweep's ratio; only the gate's lands")
+
+
 class SweepRow(BaseModel):
     knobs: dict[str, KnobValue]
     # exploration-only constants (-D NAME=VALUE beside the knobs): ranked, never gated
@@ -142,8 +149,8 @@ def format_sweep(rows: list[SweepRow], baseline: dict[str, KnobValue] | None = N
         spill = f"  SPILLS {r.spills} B" if r.spills else ""
         score = fmt_ms(r.score) if r.score is not None else "no bench shape"
         lines.append(f"{i:>4}  {score:>16} {rel:>10}  {knobs}{spill}")
-    if rows and rows[0].device:
-        lines.append(f"(quick timings, not gating; measured on {rows[0].device})")
+    if rows:
+        lines.append(f"({SWEEP_HOW}; measured on {rows[0].device or 'this machine'}. Not gating: {SWEEP_VS_GATE})")
     if any(r.defines for r in rows):
         lines.append("(-D constants are exploration only: the gate builds from the files; write the winner into the source to land it)")
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from agent.policies.base import PolicyContext
 from tools.fmt import fmt_ms
-from tools.sweep import SweepRow, format_sweep
+from tools.sweep import SWEEP_HOW, SweepRow, format_sweep
 
 EXHAUSTIVE_MAX = 64
 RANKING_NOTE = "tuner ranking"  # the note holding the sweep's rows (read back on resume)
@@ -154,12 +154,9 @@ class TunerPolicy:
             stop = ctx.stop_reason()
             if stop:
                 return stop
-            changed = {k: v for k, v in row.knobs.items() if current.get(k) != v}
-            title = "Tune knobs: " + ", ".join(f"{k}={v}" for k, v in changed.items())
-            rationale = (f"The knob sweep ranked this setting {self._rel(best_score, row.score)} faster than the "
-                         f"current best in quick timings ({row.device or 'this machine'}). Full setting: "
-                         + " ".join(f"{k}={v}" for k, v in row.knobs.items()))
-            res = ctx.toolbox.call("submit", {"title": title[:200], "rationale": rationale, "knobs": row.knobs})
+            candidate = self._candidate(row, current, best_score)
+            title = candidate["title"]
+            res = ctx.toolbox.call("submit", candidate)
             if res.event == "refused":  # not judged (e.g. it builds to the best's own code): no attempt, next one
                 self.console.print(f"[bold]tuner[/]: {escape(title)}: {escape(res.text[:300])}", highlight=False)
                 continue
@@ -177,8 +174,11 @@ class TunerPolicy:
     def _candidate(self, row: SweepRow, current: dict, best_score) -> dict:
         changed = {k: v for k, v in row.knobs.items() if current.get(k) != v}
         title = "Tune knobs: " + ", ".join(f"{k}={v}" for k, v in changed.items())
-        rationale = (f"The knob sweep ranked this setting {self._rel(best_score, row.score)} faster than the "
-                     f"current best in quick timings ({row.device or 'this machine'}). Full setting: "
+        # no sweep figure here: this text becomes the commit message, which quotes only the gate's number
+        # (the sweep's quick timings of one setting after another differ from the gate's paired, flushed
+        # A/B; the sweep's ranking is in the record's "tuner ranking" note)
+        rationale = ("The knob sweep ranked this setting ahead of the current best (" + SWEEP_HOW
+                     + f", on {row.device or 'this machine'}); the gate's paired timing decides. Full setting: "
                      + " ".join(f"{k}={v}" for k, v in row.knobs.items()))
         return {"title": title[:200], "rationale": rationale, "knobs": row.knobs}
 
@@ -225,7 +225,3 @@ class TunerPolicy:
         judged, so the tuner submits it again."""
         return {_key(a.knobs) for a in ctx.attempts()
                 if a.knobs and a.accepted is not None and not a.reason.startswith("interrupted")}
-
-    @staticmethod
-    def _rel(best: float | None, score: Any) -> str:
-        return f"x{best / score:.3f}" if best and score else "as"
