@@ -35,10 +35,12 @@ two)  # the gate's CUDA paths again (cheats), the GPU tasks and showcase replays
   step cheats 240 $gpu tests/gpu/test_cheats_cuda.py
   step tasks 170 $gpu tests/gpu/test_device_buffers_gpu.py tests/gpu/test_gpu_tasks.py tests/gpu/test_showcase_replay.py
   step e2e 70 $gpu tests/gpu/test_e2e_attention.py ;;
-three)  # Triton (a tuner session landing a gated commit), kloop export of the showcase runs + the decoder
+three)  # Triton (a tuner session landing a gated commit), kloop export + the decoder, the GPU tasks again
   KLOOP_TRITON_KNOB_BUILDS=0 step triton 130 $gpu tests/gpu/test_triton_tasks.py
-  step export 130 bash bench/export_showcase.sh --batch 8 --prompt 1024 --new 16 --layers 2
-  tail -6 "$logs/export.txt" >> "$summary" ;;
+  step export 120 bash bench/export_showcase.sh --batch 8 --prompt 1024 --new 16 --layers 2
+  tail -6 "$logs/export.txt" >> "$summary"
+  step e2e 50 $gpu tests/gpu/test_e2e_attention.py
+  step tasks 150 $gpu tests/gpu/test_device_buffers_gpu.py tests/gpu/test_gpu_tasks.py ;;
 *) echo "part: one, two or three" >&2; exit 2 ;;
 esac
 cp "$summary" "$logs/"
