@@ -6,7 +6,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp}
 work=$(mktemp -d)
-python3 -m venv --system-site-packages "$work/venv"  # fresh, but with the machine's CUDA torch
+# a fresh install folder beside the machine's own python (its CUDA torch); no kloop on the path. (A venv with
+# --system-site-packages does not see torch where python3 is itself a venv, as on the GPU box.)
+site="$work/site"
 rc=0
 for run_dir in runs/showcase/*/*/; do
   run_dir=${run_dir%/}
@@ -17,13 +19,13 @@ for run_dir in runs/showcase/*/*/; do
   pkg="$work/pkg-$id"
   if python3 -m agent.cli export "$PWD/$run_dir" --repo "$work/repo-$id" -o "$pkg" > "$out/export-$id.txt" 2>&1; then
     # the package needs nothing of kloop: no PYTHONPATH into the checkout
-    (unset PYTHONPATH; cd "$work" && "$work/venv/bin/pip" install -q --no-deps --no-build-isolation "$pkg" \
-      && "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "$pkg/tests") >> "$out/export-$id.txt" 2>&1 || rc=1
+    (unset PYTHONPATH; cd "$work" && python3 -m pip install -q --no-deps --no-build-isolation --target "$site" "$pkg" \
+      && PYTHONPATH="$site" python3 -m pytest -q -p no:cacheprovider "$pkg/tests") >> "$out/export-$id.txt" 2>&1 || rc=1
   else
     rc=1
   fi
   echo "== $id (rc so far $rc)"; tail -4 "$out/export-$id.txt"
 done
-(unset PYTHONPATH; "$work/venv/bin/python" examples/decoder_swap.py "$@") 2>&1 | tee "$out/decoder_swap.txt"
+(PYTHONPATH="$site" python3 examples/decoder_swap.py "$@") 2>&1 | tee "$out/decoder_swap.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 exit $rc
