@@ -208,7 +208,7 @@ class WorkerRequest(BaseModel):
     max_seconds: float = 4.0  # bench: per shape; ab: timing for the whole decision
     min_pairs: int = 20
     target_halfwidth: float = 0.004  # ab: stop once the log-speedup interval is this tight
-    noisy_halfwidth: float = 0.05  # ab: an interval wider than this (half, in log) decides nothing
+    noisy_halfwidth: float = 0.10  # ab: an interval wider than this (half, in log) decides nothing (GateConfig)
     alpha: float = 0.0061  # ab: the one-sided level of this look (the gate's spent budget, tools/stats.look_alpha)
     look: int = 1  # ab: which timed look at this best (recorded in the report)
     min_gain: float = 0.01
