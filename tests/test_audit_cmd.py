@@ -246,7 +246,7 @@ def test_a_cuda_task_without_a_gpu_is_audited_as_far_as_it_can_run(tmp_path):
     assert out["upto"] == "audit" and "no CUDA GPU" in out["not_run"], res.output
     honest, cheat = out["rows"]
     assert honest["stages"] == {"scope": "ok", "static": "ok", "build": "ok", "audit": "ok", "check": "not run",
-                                "timing": "not run"} and not honest["rejected"]
+                                "timing": "not run", "e2e": "not run"} and not honest["rejected"]
     assert cheat["rejected"] and "FAIL" in (cheat["stages"]["static"], cheat["stages"]["audit"])
     assert res.exit_code == 1
 
