@@ -76,7 +76,7 @@ def policy_spec(name: str) -> PolicySpec:
 
 
 # the options a front end may pass to any factory; each takes its own and ignores the others' (`**_`)
-OPTIONS = frozenset({"model", "seed", "console", "claude", "run_dir", "on_row"})
+OPTIONS = frozenset({"model", "seed", "console", "claude", "run_dir", "on_row", "workers"})
 
 
 def make_policy(name: str, **options: Any) -> Policy:
