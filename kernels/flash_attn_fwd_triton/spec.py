@@ -29,6 +29,7 @@ import math
 
 import torch
 
+from tools.spec import adversarial_rows
 # the reference materialises scores in chunks of at most this many bytes (fp32)
 _CHUNK_BYTES = 1 << 28
 
@@ -45,6 +46,10 @@ def scale_of(shape: dict) -> float:
 INPUT_KINDS = ("normal", "large", "ramp")
 LARGE_SCORE_STD = 30.0  # "large": the standard deviation of the scaled scores
 RAMP_SCORE = 200.0  # "ramp": the last key's score lead, u-aligned part (the first key's is 0)
+# every shape ("normal" included, the timed ones too) also holds "large" and "ramp" (batch, head) pairs,
+# an eighth each at positions drawn from the secret-seeded generator: no kernel can know which heads
+# to treat with care (the check shapes above are all large or all ramp)
+PLANTED_HEAD_FRACTION = 1 / 8
 
 
 def input_kind(shape: dict) -> str:
@@ -62,15 +67,30 @@ def make_inputs(shape: dict, gen: torch.Generator, device: torch.device) -> dict
         return torch.randn((b, h, s, d), generator=gen, device=gen.device, dtype=torch.float32)
 
     q, k, v = draw(), draw(), draw()
-    if kind == "large":
+
+    def large(q, k):
         q.mul_(math.sqrt(LARGE_SCORE_STD))
         k.mul_(math.sqrt(LARGE_SCORE_STD))
-    elif kind == "ramp":
+
+    def ramp(q, k):
         # q.u / sqrt(d) = sqrt(d) for q's u part; key j carries beta_j * u: score lead beta_j * sqrt(d)
-        u = torch.randint(0, 2, (b, h, 1, d), generator=gen, device=gen.device).float().mul_(2).sub_(1)
+        u = torch.randint(0, 2, (q.shape[0], 1, d), generator=gen, device=gen.device).float().mul_(2).sub_(1)
         beta = torch.arange(s, device=gen.device, dtype=torch.float32) / max(1, s - 1) * (RAMP_SCORE / math.sqrt(d))
         q.add_(u)
-        k.add_(beta[None, None, :, None] * u)
+        k.add_(beta[None, :, None] * u)
+
+    qh, kh = q.view(b * h, s, d), k.view(b * h, s, d)
+    if kind == "large":
+        large(qh, kh)
+    elif kind == "ramp":
+        ramp(qh, kh)
+    else:
+        big, late = adversarial_rows(gen, b * h, PLANTED_HEAD_FRACTION, kinds=2)
+        for rows, plant in ((big, large), (late, ramp)):
+            if len(rows):
+                pq, pk = qh[rows], kh[rows]
+                plant(pq, pk)
+                qh[rows], kh[rows] = pq, pk
 
     def cast(x: torch.Tensor) -> torch.Tensor:
         return x.to(device=device, dtype=torch.bfloat16).contiguous()
