@@ -39,7 +39,7 @@ from pydantic import ValidationError
 
 from tools.proc import kill_group, tail
 from tools.protocol import WorkerRequest, WorkerResult
-from tools.sandbox import (LOCKDOWN_VAR, RUNNER_PIDNS_VAR, keep_secrets_in, minimal_env, runner_pidns_argv,
+from tools.sandbox import (LOCKDOWN_VAR, PIDNS_DEPTH, RUNNER_PIDNS_VAR, keep_secrets_in, minimal_env, runner_pidns_argv,
                            runner_pidns_requested, status, wrap)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -535,7 +535,8 @@ def _own_group_dies_with_parent(memory_limit: int | None = None) -> None:
 def _status(code: int | None) -> str:
     if code is None:
         return "did not finish"
-    if code > 128 and status().namespaces:  # bwrap exits with 128 + the signal that killed its child
+    if code > 128 and (status().namespaces or runner_pidns_requested()):  # bwrap and the PID namespace's init
+        # exit with 128 + the signal that killed their child
         code = 128 - code
     if code < 0:
         try:
@@ -573,7 +574,7 @@ class RunnerError(Exception):
 
 
 def spawn_runner(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = (),
-                 log_path: Path | None = None) -> subprocess.Popen:
+                 log_path: Path | None = None, pidns: bool = True) -> subprocess.Popen:
     """Start one runner process. THE ONLY place runners are spawned.
 
     SANDBOX CALL SITE. A runner lives inside its judge's bubblewrap namespaces (run_worker wraps the
@@ -582,8 +583,9 @@ def spawn_runner(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...]
     library loads. Where the session found it works (tools.sandbox.status().runner_pidns, passed as
     KLOOP_RUNNER_PIDNS=1), `argv` starts under `unshare`: a PID namespace and a /proc of its own, so it
     sees neither its sibling nor the judge (their CPU time in /proc/<pid>/stat would tell it the pair
-    order). The Popen is then the wrapper; `Runner.pid` finds the runner itself."""
-    prefix = runner_pidns_argv() if runner_pidns_requested() else None
+    order). The Popen is then the wrapper; `Runner.pid` finds the runner itself. `pidns=False`: not
+    under `unshare` (a judge that has dropped its capabilities cannot make the namespaces any more)."""
+    prefix = runner_pidns_argv() if pidns and runner_pidns_requested() else None
     if prefix:
         argv = [*prefix, *argv]
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL
@@ -619,7 +621,7 @@ class Runner:
     """The judge's handle on one runner process (one library). Started early (torch imported while the
     judge draws inputs); every answer is parsed as JSON and must echo its request's nonce."""
 
-    def __init__(self, scratch: Path, name: str):
+    def __init__(self, scratch: Path, name: str, pidns: bool = True):
         self.scratch = Path(scratch)
         self.name = name
         cmd_r, self._cmd_w = os.pipe()
@@ -628,7 +630,8 @@ class Runner:
         self._fds, runner_fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.log_path = self.scratch / f"{name}.log"
         self.proc = spawn_runner([sys.executable, "-m", "tools.libhost", str(cmd_r), str(reply_w), str(runner_fds.fileno())],
-                                 runner_env(), pass_fds=(cmd_r, reply_w, runner_fds.fileno()), log_path=self.log_path)
+                                 runner_env(), pass_fds=(cmd_r, reply_w, runner_fds.fileno()), log_path=self.log_path,
+                                 pidns=pidns)
         os.close(cmd_r)
         os.close(reply_w)
         runner_fds.close()
@@ -637,8 +640,8 @@ class Runner:
         self.busy_s = 0.0  # wall seconds the judge saw this runner working (for the CPU-time audit)
         self.prepared = False  # device, spec and seccomp set up, waiting for its one library
         self.loaded: str | None = None  # the library it loaded (single-use: never a second one)
-        # under `unshare` (spawn_runner) the Popen is the wrapper and the runner its only child
-        self.wrapped = runner_pidns_requested()
+        # under `unshare` (spawn_runner) the Popen is the wrapper and the runner its grandchild (under an init)
+        self.wrapped = pidns and runner_pidns_requested()
         self._pid: int | None = None if self.wrapped else self.proc.pid
         # frozen between requests (SIGSTOP after each answer, SIGCONT before the next request): no thread
         # of the runner can run while the judge flushes, draws, poisons or re-checks (RemoteLib on CPU tasks)
@@ -652,7 +655,7 @@ class Runner:
         if self._pid is None:
             deadline = time.monotonic() + 10
             while self._pid is None:
-                kids = _children(self.proc.pid)
+                kids = _generation(self.proc.pid, PIDNS_DEPTH)
                 if kids:
                     self._pid = kids[0]
                 elif self.proc.poll() is not None or time.monotonic() > deadline:
@@ -834,6 +837,14 @@ def _granule_ceil(nbytes: int, buf) -> int:
     """`nbytes` rounded up to the allocation granularity the buffer was made with (its size where unknown)."""
     g = int(getattr(buf, "granularity", 0) or 0)
     return -(-max(nbytes, 1) // g) * g if g > 0 else buf.size
+
+
+def _generation(pid: int, depth: int) -> list[int]:
+    """The processes `depth` generations below `pid` (1: its children)."""
+    level = [pid]
+    for _ in range(depth):
+        level = [kid for p in level for kid in _children(p)]
+    return level
 
 
 def _children(pid: int) -> list[int]:

@@ -137,7 +137,13 @@ def _probe_seccomp() -> tuple[bool, str]:
 # user namespace is needed; otherwise a nested user namespace maps the user to root in it (the runner
 # drops every capability before its library loads: harden_process).
 
-PIDNS_PROBE = "set -- /proc/[0-9]*; echo $#"  # processes visible in /proc: 1 (the shell itself) when it holds
+PIDNS_PROBE = "set -- /proc/[0-9]*; echo $#"  # processes visible in /proc: 2 (the init and the shell) when it holds
+# PID 1 of the namespace is a shell that only waits for the runner, never the runner itself: the kernel
+# drops the signals PID 1 sends itself without a handler, so a runner as PID 1 that calls abort() dies
+# of SIGSEGV (glibc's fallback), and its raise() does nothing. The shell exits 128 + the signal that
+# killed the runner (tools.runner._status reads it as that signal, as it does bwrap's).
+PIDNS_INIT = ["/bin/sh", "-c", '"$@"; exit $?', "kloop-init"]
+PIDNS_DEPTH = 2  # the runner is the wrapper's grandchild: unshare -> the init -> the runner
 
 
 def _cap_sys_admin() -> bool:
@@ -153,12 +159,12 @@ def _cap_sys_admin() -> bool:
 
 def runner_pidns_argv() -> list[str] | None:
     """The prefix that starts a runner in its own PID namespace (None: no `unshare` here). The real
-    runner is the wrapper's only child (tools/runner.Runner finds it)."""
+    runner is the wrapper's only grandchild (PIDNS_DEPTH; tools/runner.Runner finds it)."""
     exe = shutil.which("unshare") or next((p for p in ("/usr/bin/unshare", "/bin/unshare") if os.access(p, os.X_OK)), None)
     if exe is None:
         return None
     user = [] if _cap_sys_admin() else ["--user", "--map-root-user"]
-    return [exe, *user, "--pid", "--fork", "--mount-proc", "--kill-child"]
+    return [exe, *user, "--pid", "--fork", "--mount-proc", "--kill-child", *PIDNS_INIT]
 
 
 def runner_pidns_requested(environ: Mapping[str, str] | None = None) -> bool:
@@ -187,7 +193,7 @@ def _probe_runner_pidns(bwrap_ok: bool) -> tuple[bool, str, tuple[str, ...]]:
         except (OSError, subprocess.TimeoutExpired) as exc:
             last = f"unshare does not run here: {exc}"
             continue
-        if p.returncode == 0 and p.stdout.strip().splitlines()[-1:] == ["1"]:
+        if p.returncode == 0 and p.stdout.strip().splitlines()[-1:] == ["2"]:
             return True, "runner PID namespaces (unshare)", tuple(caps)
         last = (p.stderr.strip() or p.stdout.strip())[-200:] or f"exit {p.returncode}"
     return False, f"unshare cannot make a PID namespace here: {last}", ()
