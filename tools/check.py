@@ -157,11 +157,14 @@ def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, 
                 changed = changed_inputs(before, inputs)
                 runs.append((name, rnd, dims, before, snapshot(outputs), changed, None))
             except RunnerError as exc:
-                wrote = _wrote_inputs(exc, spec, dims, before, arena, relaunch, device)
+                try:
+                    wrote, undiagnosed = _wrote_inputs(exc, spec, dims, before, arena, relaunch, device), ""
+                except Exception as diag:  # the crash stands; say the diagnosis did not run, not nothing
+                    wrote, undiagnosed = [], f" (whether it wrote into its inputs is unknown: the diagnosis failed: {diag})"
                 if wrote:
                     runs.append((name, rnd, dims, before, None, wrote, None))
                 else:
-                    runs.append((name, rnd, dims, None, None, [], _runner_failure(exc, device)))
+                    runs.append((name, rnd, dims, None, None, [], _runner_failure(exc, device) + undiagnosed))
                 if exc.kind != "call":  # crashed, hung or lied: this runner is gone
                     dead = f"the runner stopped at shape {name} call {rnd}"
                 break
@@ -192,7 +195,9 @@ def _wrote_inputs(exc, spec: Spec, dims: dict, before, arena, relaunch, device: 
     names of the inputs it wrote into (even if it restored them): the runner reads its own memory map
     (/proc/self/smaps: written pages became private; the judge cannot read a hardened runner's). It
     only names what faulted already (the verdict is a failure either way), so its word is enough.
-    Empty: the crash was something else."""
+    Empty: the crash was something else. Raises when the diagnosis itself fails."""
+    from tools.runner import RunnerError
+
     if exc.kind != "crash" or device.type != "cpu" or relaunch is None or arena is None or before is None:
         return []
     if "SIGSEGV" not in str(exc) and "SIGBUS" not in str(exc):
@@ -203,12 +208,13 @@ def _wrote_inputs(exc, spec: Spec, dims: dict, before, arena, relaunch, device: 
         copies = arena.share_dict({k: v.clone() for k, v in before.items()})
         outputs = arena.share_dict(spec.make_outputs(dims, copies))
         lib.bind("diagnose", dims, copies, outputs, writable_inputs=True)
-        lib.call(["diagnose"])
+        try:
+            lib.call(["diagnose"])
+        except RunnerError:  # it faults on writable inputs too: the crash was something else
+            return []
         written = lib.runner.request("written_inputs", lib.call_timeout, key="diagnose").get("names")
         named = sorted(n for n in written if n in copies) if isinstance(written, list) else []
         return named or changed_inputs(before, copies)
-    except Exception:
-        return []
     finally:
         if lib is not None:
             lib.runner.close()

@@ -225,9 +225,10 @@ def _seconds(xs, i: int) -> float:
     return x if x >= 0 else float("nan")
 
 
-def start_runners(names: list[str], scratch) -> dict[str, Runner]:
-    """Start the runners early: their torch import overlaps the judge's own set-up."""
-    return {n: Runner(scratch, n) for n in names}
+def start_runners(names: list[str], scratch, pidns: bool = True) -> dict[str, Runner]:
+    """Start the runners early: their torch import overlaps the judge's own set-up. `pidns`: see
+    tools.runner.spawn_runner."""
+    return {n: Runner(scratch, n, pidns=pidns) for n in names}
 
 
 __all__ = ["RemoteLib", "Runner", "RunnerError", "SharedArena", "start_runners", "CPU_MIN_SAMPLE_S"]
