@@ -114,6 +114,9 @@ class Verdict(BaseModel):
     # check, timing, sass (waiting for the SASS figures after the verdict)
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     judge: str | None = None  # "cold" | "warming" | "ready": was the judge pre-started, and warm?
+    # undecided: the timing cap (submit gate_seconds) that would likely decide a re-submission of the
+    # same change (None: not even MAX_GATE_SECONDS would, or the verdict is not undecided for noise)
+    decide_seconds: int | None = None
 
     def figures(self) -> dict:
         """The numbers a run record keeps (everything but bulky reports)."""
@@ -608,13 +611,14 @@ class Gate:
             advice = (f"To decide: re-submit the same change with --gate-seconds {seconds} (MCP: gate_seconds={seconds}): "
                       f"{ab.passes} passes took {spent:.1f} s here")
         else:
-            advice = self.undecided_advice(ab, needed, maybe, allowed)
-        return Verdict(accepted=False, stage="undecided", **common, reason=(
+            seconds, advice = self.undecided_advice(ab, needed, maybe, allowed)
+        return Verdict(accepted=False, stage="undecided", **common, decide_seconds=seconds, reason=(
             f"{UNDECIDED}: workload time ratio {interval} after {ab.pairs} pairs in {ab.timing_seconds:.1f} s "
             f"({ab.stopped_because or 'stopped'}): {why}; the lower bound must exceed x{needed:.3f}. " + advice))
 
-    def undecided_advice(self, ab: ABReport, needed: float, maybe_regressed: list, allowed: dict[str, float]) -> str:
-        """What would decide an undecided verdict: the interval narrows with the square root of the
+    def undecided_advice(self, ab: ABReport, needed: float, maybe_regressed: list,
+                         allowed: dict[str, float]) -> tuple[int | None, str]:
+        """The gate seconds (None: not even the most) and what would decide an undecided verdict: the interval narrows with the square root of the
         pairs, so the pairs (and seconds) needed for its half-width to fall below the distance between
         the estimate and the threshold it straddles (the overall gain, and each shape's allowance)."""
         def factor(s: float, lo: float, hi: float, threshold: float) -> float:
@@ -630,11 +634,11 @@ class Gate:
         spent = ab.timing_seconds if _finite(ab.timing_seconds) and ab.timing_seconds > 0 else self.config.max_seconds
         want = spent * grow
         if want > MAX_GATE_SECONDS:
-            return (f"To decide: even --gate-seconds {MAX_GATE_SECONDS} (the most) would likely not: the estimate "
+            return None, (f"To decide: even --gate-seconds {MAX_GATE_SECONDS} (the most) would likely not: the estimate "
                     f"x{ab.speedup:.4f} sits too close to the threshold x{needed:.3f} for this machine's spread "
                     f"(about {grow:.0f}x the {ab.pairs} pairs would be needed). Make the change larger, or move on")
         seconds = min(MAX_GATE_SECONDS, max(math.ceil(want), math.floor(spent) + 1))
-        return (f"To decide: re-submit the same change with --gate-seconds {seconds} (MCP: gate_seconds={seconds}): "
+        return seconds, (f"To decide: re-submit the same change with --gate-seconds {seconds} (MCP: gate_seconds={seconds}): "
                 f"about {math.ceil(ab.pairs * grow)} pairs instead of {ab.pairs} (the interval narrows with the square "
                 "root of the pairs)")
 

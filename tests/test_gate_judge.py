@@ -205,6 +205,7 @@ def test_fewer_than_min_passes_decide_nothing(gate):
     v = gate.judge(report(shape("sq192", 2.0, passes=MIN_PASSES - 1), stopped="time cap"))
     assert not v.accepted and v.stage == "undecided" and f"fewer than {MIN_PASSES} passes" in v.reason, v.reason
     assert "re-submit the same change with --gate-seconds 2" in v.reason, v.reason  # 3 passes in 1 s: 4 need ~2 s
+    assert v.decide_seconds == 2
     assert gate.judge(report(shape("sq192", 2.0, passes=MIN_PASSES))).accepted
 
 

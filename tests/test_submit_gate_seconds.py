@@ -38,12 +38,14 @@ def test_undecided_reason_says_how_many_seconds_decide(gate):
     gap = math.log(v.speedup) - math.log(1.01)
     want = math.ceil(max(1.0, (half / gap) ** 2) * 1.2 * 1.0)  # the report's 1.0 s, grown by the pairs needed
     assert m.group(2) == m.group(1) and int(m.group(1)) == max(want, 2), (v.reason, want)
+    assert v.decide_seconds == int(m.group(1))  # the same figure as data (the tuner re-submits with it)
 
 
 def test_undecided_at_the_threshold_says_move_on(gate):
     v = gate.judge(report(shape("sq192", 1.0101, noise=0.012), shape("wide", 1.0101, noise=0.012), stopped="time cap"))
     assert v.stage == "undecided"
     assert f"even --gate-seconds {MAX_GATE_SECONDS} (the most) would likely not" in v.reason
+    assert v.decide_seconds is None
 
 
 def test_gate_seconds_validated():

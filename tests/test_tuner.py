@@ -93,6 +93,47 @@ def test_a_refused_submit_is_skipped_not_fatal(tmp_path):
     assert submitted == [{"K": 1}, {"K": 2}] and reason == "search exhausted"
 
 
+def test_an_undecided_verdict_is_resubmitted_once_with_the_seconds_the_gate_named(tmp_path):
+    """On a loaded machine the gate may say undecided and name the timing that would decide; the tuner
+    re-submits that setting once with it (a second undecided is a miss, not a loop)."""
+    from tools.base import ToolResult
+    from tools.sweep import SweepRow
+
+    rows = [SweepRow(knobs={"K": 0}, ok=True, score=3.0), SweepRow(knobs={"K": 1}, ok=True, score=1.0),
+            SweepRow(knobs={"K": 2}, ok=True, score=2.0)]
+    submitted = []
+
+    class Box:
+        def call(self, name, args):
+            if name == "knobs":
+                return ToolResult(text="", data={"current": {"K": 0}, "knobs": {"K": [0, 1, 2]}, "space": 3})
+            assert name == "submit"
+            submitted.append((args["knobs"], args.get("gate_seconds")))
+            if args["knobs"] == {"K": 1} and args.get("gate_seconds") == 9:
+                return ToolResult(text="accepted", event="accepted", data={"accepted": True, "stage": "accepted"})
+            return ToolResult(text="undecided", event="rejected",
+                              data={"accepted": False, "stage": "undecided", "decide_seconds": 9})
+
+    class Ctx:
+        toolbox = Box()
+
+        def events(self):
+            return [type("E", (), {"kind": "note", "text": "tuner ranking", "data": {"rows": [r.model_dump() for r in rows]}})()]
+
+        def attempts(self):
+            return []
+
+        def stop_reason(self):
+            return None
+
+        def log(self, *a, **k):
+            pass
+
+    TunerPolicy(console=Console(file=open(tmp_path / "tuner.log", "w"))).run(Ctx())
+    # K=1 decided on its second look and became the best; K=2 (ranked slower than it) is not tried
+    assert submitted == [({"K": 1}, None), ({"K": 1}, 9)]
+
+
 def test_a_sweep_where_every_setting_failed_is_not_recorded(tmp_path):
     """The best itself failing in the sweep means the sweep measured nothing (e.g. the worktree
     vanished): no ranking and no 'search exhausted' go into the record; a resume sweeps again, also

@@ -263,6 +263,7 @@ def submit_data(verdict) -> dict:
     ab, check = getattr(verdict, "ab", None), getattr(verdict, "check", None)
     return {
         "accepted": verdict.accepted, "stage": verdict.stage, "reason": verdict.reason,
+        "decide_seconds": getattr(verdict, "decide_seconds", None),  # undecided: the gate_seconds to re-submit with
         "speedup": verdict.speedup, "speedup_lo": verdict.speedup_lo, "speedup_hi": verdict.speedup_hi,
         "worktree": ("committed: the change is the new best" if verdict.accepted
                      else "reverted: the worktree is back at the best version, your edits are gone (the attempt is recorded)"),

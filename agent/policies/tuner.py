@@ -3,7 +3,8 @@
 It acts only through tools, like any policy: `knobs` (the space and the current setting), `sweep`
 (quick, non-gating timings that only *order* the candidates) and `submit` (the gate decides what
 lands). Search: exhaustive when the space is small, otherwise optuna's TPE sampler (ask/tell). Each
-setting that looks faster than the best is submitted. The search stops after `patience`
+setting that looks faster than the best is submitted; one the gate calls undecided is re-submitted
+once with the timing it says would decide (the gate counts the second look). The search stops after `patience`
 consecutive rejections among the top-ranked settings, or when the budget says so.
 """
 
@@ -163,6 +164,15 @@ class TunerPolicy:
             if not res.ok:
                 raise PolicyToolError(f"submit: {res.text[:500]}")
             verdict = res.data or {}
+            retry = verdict.get("decide_seconds") if verdict.get("stage") == "undecided" else None
+            if retry and not ctx.stop_reason():  # the gate said how long would decide: ask once, as a user would
+                self.console.print(f"[bold]tuner[/]: {escape(title)}: undecided; re-submitted with a {retry} s gate",
+                                   highlight=False)
+                res = ctx.toolbox.call("submit", {**candidate, "gate_seconds": retry})
+                if not res.ok:
+                    raise PolicyToolError(f"submit: {res.text[:500]}")
+                if res.event != "refused":  # refused (e.g. the budget): the first verdict stands
+                    verdict = res.data or verdict
             if verdict["accepted"]:
                 current, best_score, misses = dict(row.knobs), row.score, 0
             else:
