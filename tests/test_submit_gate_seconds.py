@@ -103,8 +103,11 @@ def test_a_slower_change_resubmitted_identically_is_refused(service):
     src.write_text(slower)
     before = len(_attempts(service))
     first = service.call("submit", {"title": "Compute the product six times", "gate_seconds": 2})
+    # a final rejection: a regression when a shape's own interval is tight enough to say so, else not faster
+    # (the workload's upper bound is below the threshold; a shared service's later looks are wider)
     assert first.event == "rejected" and first.data["stage"] == "timing", first.text
-    assert first.data["reason"].startswith("regression beyond"), first.text
+    assert first.data["reason"].startswith(("regression beyond", "not measurably faster")), first.text
+    slower_word = "regression" if first.data["reason"].startswith("regression") else "not measurably faster"
     assert len(_attempts(service)) == before + 1
     assert _attempts(service)[-1].gate_seconds == 2 and _attempts(service)[-1].best_commit == service.session.best_commit
     number = _attempts(service)[-1].attempt
@@ -112,7 +115,7 @@ def test_a_slower_change_resubmitted_identically_is_refused(service):
     src.write_text(slower)  # the same change again, hoping for a luckier timing
     again = service.call("submit", {"title": "Same again, longer", "gate_seconds": 10})
     assert not again.ok and again.event == "refused" and again.text.startswith("not run:"), again.text
-    assert f"attempt {number} " in again.text and "optional stopping" in again.text and "regression" in again.text
+    assert f"attempt {number} " in again.text and "optional stopping" in again.text and slower_word in again.text
     assert len(_attempts(service)) == before + 1  # no attempt spent, nothing timed
     assert src.read_text() == slower  # the worktree is left as it was
 
@@ -159,7 +162,7 @@ def test_a_slower_change_dressed_up_is_refused_by_its_code(service):
     src.write_text(slower)
     before = len(_attempts(service))
     first = service.call("submit", {"title": "Compute the product eight times", "gate_seconds": 2})
-    assert first.event == "rejected" and first.data["reason"].startswith("regression beyond"), first.text
+    assert first.event == "rejected" and first.data["reason"].startswith(("regression beyond", "not measurably faster")), first.text
     assert len(_attempts(service)) == before + 1
     number = _attempts(service)[-1].attempt
     src.write_text(slower + "\n// reworded, same code\n")

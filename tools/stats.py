@@ -106,6 +106,9 @@ def ratio_of_sums(a: Sequence[float], b: Sequence[float]) -> RatioEstimate:
     return RatioEstimate(log_ratio, math.sqrt(var / n), n, ma, mb)
 
 
+MIN_EVIDENCE_STRETCH = 3.0  # a timing cap may stretch this much to reach the passes (and pairs) that decide
+
+
 class DecisionRules:
     """The thresholds a decision is taken against (one look at one best)."""
 
@@ -163,6 +166,11 @@ class PassCriterion:
     def passes(self) -> int:
         return min((len(v) for v in self.a.values()), default=0)
 
+    def has_min_evidence(self) -> bool:
+        """Enough passes (and pairs per shape) for a decision; fewer decide nothing."""
+        r = self.rules
+        return self.passes >= r.min_passes and all(p >= r.min_pairs for p in self.pairs.values())
+
     def workload(self) -> tuple[list[float], list[float]]:
         """Per pass, each side's workload time (weight x seconds per call, summed over shapes)."""
         return self.wa, self.wb
@@ -184,10 +192,10 @@ class PassCriterion:
         """The verdict's speed question (integrity is the gate's): in this order, too few passes or
         an interval wider than the noise limit decide nothing; a shape regressed beyond its
         allowance (its own interval within the noise limit); faster (the lower bound over
-        1 + min_gain, no shape possibly regressed); not faster (the upper bound at most 1 + min_gain);
-        otherwise undecided."""
+        1 + min_gain, no shape possibly regressed); not faster (the upper bound at most 1 + min_gain,
+        whatever the shapes' own intervals say); otherwise undecided."""
         r = self.rules
-        if self.passes < r.min_passes or any(p < r.min_pairs for p in self.pairs.values()):
+        if not self.has_min_evidence():
             return Decision("undecided", "too few passes")
         est, alpha = self.estimate(), r.alpha
         if not est.halfwidth(alpha) <= r.noisy_halfwidth:
@@ -202,17 +210,17 @@ class PassCriterion:
         needed = 1 + r.min_gain
         if lo > needed and not maybe:
             return Decision("accept", "faster")
+        if hi <= needed:  # a rejection either way: whether a shape also regressed cannot change it
+            return Decision("not faster", "below min_gain")
         if maybe:
             return Decision("undecided", "maybe regressed", maybe_regressed=maybe)
-        if hi <= needed:
-            return Decision("not faster", "below min_gain")
         return Decision("not faster" if est.halfwidth(alpha) <= r.target_halfwidth else "undecided", "straddles")
 
     def is_finished(self) -> bool:
         """Stop sampling: the interval is tight, the gain cannot reach min_gain, a shape clearly
         regressed, or clearly faster (the lower bound `target_halfwidth` beyond the threshold)."""
         r = self.rules
-        if self.passes < r.min_passes or any(p < r.min_pairs for p in self.pairs.values()):
+        if not self.has_min_evidence():
             return False
         est = self.estimate()
         half = est.halfwidth(r.alpha)
