@@ -36,7 +36,7 @@ from tools.build import BuildResult, build
 from tools.fmt import fmt_ms, fmt_num, fmt_speedup, fmt_us
 from tools.protocol import ABReport, CheckReport, DeviceInfo, E2EReport, WorkerRequest
 from tools.runner import StandbySlot, run_worker
-from tools.stats import DecisionRules, look_alpha
+from tools.stats import MIN_EVIDENCE_STRETCH, DecisionRules, look_alpha
 
 Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "e2e", "accepted", "interrupted", "partial"]
 # how far `Gate.evaluate` goes: every layer ("timing"), or stop after the check or after the audit of
@@ -409,7 +409,7 @@ class Gate:
             req = self.ab_request(best.lib, built.lib, timing_seed, max_seconds=seconds, look=look).model_copy(update={
                 "kind": "gate", "seed": check_seed, "timing_seed": timing_seed, "check_shapes": check_shapes,
                 "rounds": rounds, "e2e": self.e2e_due(), "e2e_seed": secrets.randbits(62)})
-            res, stages = self._run_judge(req, timeout=2 * self.task.manifest.timeout_s + 4 * seconds + 60)
+            res, stages = self._run_judge(req, timeout=2 * self.task.manifest.timeout_s + (MIN_EVIDENCE_STRETCH + 1) * seconds + 60)
         ran = dict(stage_seconds=stages, judge=res.standby)
         self._inline_e2e = (built.lib, res.e2e) if res.e2e is not None else None  # for e2e_stage
         if res.check is None:
@@ -431,7 +431,7 @@ class Gate:
         self._stage("timing", "started")
         started = time.monotonic()
         res, stages = self._run_judge(self.ab_request(best.lib, built.lib, timing_seed, look=look),
-                                      timeout=m.timeout_s + 4 * self.config.max_seconds + 60)
+                                      timeout=m.timeout_s + (MIN_EVIDENCE_STRETCH + 1) * self.config.max_seconds + 60)
         verdict = self._timed_verdict(res, built, best, check, check_seed, timing_seed)
         return verdict.model_copy(update=dict(stage_seconds=stages, judge=res.standby,
                                               seconds=round(time.monotonic() - started, 2)))

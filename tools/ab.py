@@ -27,7 +27,7 @@ from tools.check import compare, describe_error, poison, refill
 from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
 from tools.protocol import WorkerRequest
-from tools.stats import DecisionRules, PassCriterion, median as _median, robust_se_of_quartile
+from tools.stats import MIN_EVIDENCE_STRETCH, DecisionRules, PassCriterion, median as _median, robust_se_of_quartile
 from tools.timing import SET_MEMORY_CAP, calibrate, tensors_bytes
 
 # Each pass pays for fresh inputs, two cold probes and re-checks against the reference (for a big
@@ -132,7 +132,10 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         if crit.is_finished():
             stopped = crit.finished_because
             break
-        if time.monotonic() - started >= max_seconds:
+        elapsed = time.monotonic() - started
+        # the cap holds once the passes can decide something; short of them (a slow or loaded machine)
+        # timing goes on up to MIN_EVIDENCE_STRETCH x the cap rather than end in "too few passes"
+        if elapsed >= max_seconds and (crit.has_min_evidence() or elapsed >= MIN_EVIDENCE_STRETCH * max_seconds):
             break
 
     timing_seconds = time.monotonic() - started
