@@ -244,8 +244,9 @@ def test_a_runner_reaches_neither_the_judge_nor_the_other_runner(gate, honest, t
     opened for writing) + 10 x (kill(sibling, 0) allowed) + other processes visible (at most 9).
     Beside a decoy 'libhost' process, in a plain process, it finds the decoy (so it tests something);
     in a runner it must reach neither. Where runners get PID namespaces of their own
-    (tools.sandbox.status().runner_pidns) it sees no other process at all: not the other runner, whose
-    CPU time in /proc/<pid>/stat would tell it the pair order, and not the judge."""
+    (tools.sandbox.status().runner_pidns) it sees no other process but its namespace's init (PID 1,
+    which only waits for it): not the other runner, whose CPU time in /proc/<pid>/stat would tell it
+    the pair order, and not the judge."""
     import re
 
     from tools.sandbox import status

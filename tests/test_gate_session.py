@@ -206,7 +206,8 @@ def test_commit_interrupted_after_accept_is_landed_on_resume(tmp_path):
 
     s.ws.commit = killed
     with pytest.raises(KeyboardInterrupt):
-        s.submit("Loop order i-k-j", "", knobs={"LOOP_ORDER": 1})
+        v = s.submit("Loop order i-k-j", "", knobs={"LOOP_ORDER": 1})
+        pytest.fail(f"the x3 loop order was not accepted, so nothing was committed: {v.summary()}")
     assert s.ws.head() == base
     resumed = Session.resume(s.record.dir)
     assert resumed.ws.head() != base and resumed.best_commit == resumed.ws.head()

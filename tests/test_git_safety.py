@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -223,7 +224,7 @@ def test_session_whose_worktree_vanishes_mid_gate(tmp_path: Path, monkeypatch):
 
     s = Session.start(root / "kernels" / "matmul_cpu", "test", Budget())
     assert s.ws.path.is_relative_to(root / ".kloop" / "runs")  # the default layout
-    s.best_build = object()  # skip the baseline: no build needed to show the point
+    s.best_build = SimpleNamespace(ok=False, lib="")  # skip the baseline: no build needed to show the point
 
     def gate_while_the_worktree_vanishes(candidate, best, **_):
         shutil.rmtree(s.ws.path)

@@ -4,7 +4,8 @@
 // writing and to signal it, and tries the judge's (its parent's) memory. The answer, plus 100000, is C[0]
 // of the first call (so the gate's check failure prints it) and returned by kloop_cheat_found():
 // 10000 * (/proc/<parent = the judge>/mem opened O_RDWR) + 1000 * (a sibling runner found)
-// + 100 * (/proc/<sibling>/mem opened O_RDWR) + 10 * (kill(sibling, 0) == 0) + (other processes visible, at most 9).
+// + 100 * (/proc/<sibling>/mem opened O_RDWR) + 10 * (kill(sibling, 0) == 0) + (other processes visible but PID 1,
+// at most 9).
 #include <dirent.h>
 #include "rt_common.h"
 #include "rt_libc_resolve.h"
@@ -43,7 +44,9 @@ int probe() {
     const char* p = e->d_name;
     if (*p < '0' || *p > '9') continue;
     while (*p >= '0' && *p <= '9') pid = pid * 10 + (*p++ - '0');
-    if (*p || pid == me) continue;
+    // PID 1 is never a sibling: the machine's init, or in a runner's own namespace its init (a shell
+    // that only waits for it: tools.sandbox.PIDNS_INIT), which every PID namespace must have
+    if (*p || pid == me || pid == 1) continue;
     ++visible;
     if (found) continue;
     char path[64] = {'/', 'p', 'r', 'o', 'c', '/'};
