@@ -35,7 +35,7 @@ from tools.audit import SOURCE_RULES, AuditError, AuditReport, audit_task_build,
 from tools.build import BuildResult, build
 from tools.fmt import fmt_ms, fmt_num, fmt_speedup, fmt_us
 from tools.protocol import ABReport, CheckReport, DeviceInfo, E2EReport, WorkerRequest
-from tools.runner import StandbySlot, run_worker
+from tools.judge_handle import StandbySlot, run_worker
 from tools.stats import MIN_EVIDENCE_STRETCH, DecisionRules, look_alpha
 
 Stage = Literal["scope", "static", "build", "check", "timing", "undecided", "e2e", "accepted", "interrupted", "partial"]
@@ -80,7 +80,7 @@ class GateConfig(BaseModel):
     best_slowdown_limit: float = 2.5
     # refuse to run where the host cannot sandbox untrusted code (tools/sandbox.py status())
     require_sandbox: bool = False
-    # keep one judge (and its two runners) pre-started for the next decision (tools/runner.JudgeStandby);
+    # keep one judge (and its two runners) pre-started for the next decision (tools/judge_handle.JudgeStandby);
     # KLOOP_STANDBY=off turns it off too. Changes no verdict: only where the start-up seconds go.
     standby: bool = True
     # run the task's end-to-end training check (manifest [e2e]) on the accepts its `when` names

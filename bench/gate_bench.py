@@ -17,7 +17,7 @@ passes (tools/stats.py), each trial the first look at its best; printed per case
 interval that was accepted (its half-width in log).
 
 Every case goes through the gate's real isolation path: ONE request to a sandboxed judge (a
-pre-started one, tools/runner.JudgeStandby, as the gate uses) whose two seccomp-locked runners each
+pre-started one, tools/judge_handle.JudgeStandby, as the gate uses) whose two seccomp-locked runners each
 load one library; the judge runs the case's trials back to back (`trials` of the request: each its
 own timing seed drawn in the judge, fresh input sets, its own statistics) and the verdicts are
 `Gate.judge`'s. Only the check is left out (it is not what is measured here). Printed per case:
@@ -45,7 +45,7 @@ from tools.bench import make_sets, time_remote  # noqa: E402
 from tools.build import build  # noqa: E402
 from tools.device import describe  # noqa: E402
 from tools.remote import LibSession  # noqa: E402
-from tools.runner import StandbySlot, run_worker  # noqa: E402
+from tools.judge_handle import StandbySlot, run_worker  # noqa: E402
 from tools.spec import load_spec  # noqa: E402
 from tools.stats import t_quantile  # noqa: E402
 

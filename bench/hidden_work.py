@@ -31,7 +31,7 @@ from gate_bench import built_lib  # noqa: E402
 from tools.bench import make_sets, time_remote  # noqa: E402
 from tools.device import describe  # noqa: E402
 from tools.remote import LibSession  # noqa: E402
-from tools.runner import StandbySlot, run_worker  # noqa: E402
+from tools.judge_handle import StandbySlot, run_worker  # noqa: E402
 from tools.spec import load_spec  # noqa: E402
 import secrets  # noqa: E402
 

@@ -115,7 +115,7 @@ def test_claude_session_end_to_end(tmp_path):
 
 
 def test_worker_environment_has_no_secrets():
-    from tools.runner import scrubbed_env
+    from tools.sandbox import scrubbed_env
 
     env = scrubbed_env({"ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": "http://x", "GITHUB_TOKEN": "t",
                         "AWS_SECRET_ACCESS_KEY": "s", "DB_PASSWORD": "p", "PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0"})

@@ -21,7 +21,7 @@ from agent.records import RunInfo, RunRecord
 from agent.replay import ReplayReport, ReplayRow
 from agent.session import evidence_trailers
 from agent.trailers import parse_trailers, format_commit_message
-from tools.runner import SCRATCH_PREFIX, remove_stale_scratch
+from tools.judge_handle import SCRATCH_PREFIX, remove_stale_scratch
 
 ROOT = Path(__file__).resolve().parents[1]
 MATMUL = ROOT / "kernels" / "matmul_cpu"
@@ -173,7 +173,7 @@ def test_worker_scratch_is_named_after_its_owner_and_the_request_is_private():
     """The request (it holds the gate's seed) is owner-only from the start; the scratch folder names
     this process, so the next start can tell a dead owner's folder."""
     from tools.protocol import WorkerRequest
-    from tools.runner import run_worker
+    from tools.judge_handle import run_worker
 
     wrap = ["sh", "-c", 'echo "SEEN $(stat -c %a "$4") $4"; exit 3', "sh"]  # in place of the worker
     res = run_worker(WorkerRequest(kind="probe", task_dir=str(MATMUL)), timeout=120, prefix=wrap)

@@ -1,4 +1,4 @@
-"""The gate's pre-started judge (tools/runner.JudgeStandby) and the per-stage seconds of a verdict.
+"""The gate's pre-started judge (tools/judge_handle.JudgeStandby) and the per-stage seconds of a verdict.
 
 A decision consumes the standby tree (judge + two runners, prepared and locked down, no library
 loaded) and the gate starts the next one; processes stay single-use; nothing outlives the gate's
@@ -19,8 +19,8 @@ import pytest
 
 from agent.gate import Candidate, Gate, GateConfig, Verdict
 from tools.build import build
-from tools.runner import (JudgeStandby, Runner, RunnerError, StandbySlot, _descendants, remove_stale_scratch,
-                          run_worker)
+from tools.judge_handle import JudgeStandby, StandbySlot, _descendants, remove_stale_scratch, run_worker
+from tools.runner import Runner, RunnerError
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "kernels" / "matmul_cpu"
@@ -31,8 +31,8 @@ pytestmark = pytest.mark.slow
 
 
 def tree_pids(root: int | None = None, python_only: bool = False) -> set[int]:
-    """Judge and runner processes below `root` (default: this process), with the bwrap and unshare
-    processes around them (the sandbox, each runner's PID namespace) unless `python_only`."""
+    """Judge and runner processes below `root` (default: this process), with the bwrap, unshare and
+    init processes around them (the sandbox, each runner's PID namespace) unless `python_only`."""
     out = set()
     for pid in _descendants(root or os.getpid()):
         try:
@@ -40,7 +40,7 @@ def tree_pids(root: int | None = None, python_only: bool = False) -> set[int]:
         except OSError:
             continue
         if any(a in (b"tools.worker", b"tools.libhost") for a in argv):
-            if not (python_only and argv[0].endswith((b"bwrap", b"unshare"))):
+            if not (python_only and (argv[0].endswith((b"bwrap", b"unshare")) or b"kloop-init" in argv)):
                 out.add(pid)
     return out
 

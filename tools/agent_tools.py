@@ -204,7 +204,7 @@ def profile_tool(ctx: SessionPort, args: ProfileInput) -> ToolResult:
 
     from tools.profile import format_profile, profile_command
     from tools.protocol import WorkerRequest
-    from tools.runner import scrubbed_env
+    from tools.sandbox import scrubbed_env
 
     task = ctx.task
     if not task.on_gpu:

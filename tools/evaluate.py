@@ -1,6 +1,7 @@
 """The evaluation pipeline behind `kloop eval` and the agent's tools: build, SASS, check, time.
 
-Untrusted code (the built library) only ever runs in a worker process (tools/runner.py).
+Untrusted code (the built library) only ever runs in a runner process, driven by a judge
+(tools/judge_handle.py -> tools/worker.py -> tools/runner.py -> tools/libhost.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from tools.task import KnobValue, Task
 from tools.audit import AuditError, AuditReport, audit_task_build
 from tools.build import BuildResult, build
 from tools.protocol import BenchReport, CheckReport, DeviceInfo, WorkerRequest, WorkerResult
-from tools.runner import JudgeStandby, StandbySlot, run_worker
+from tools.judge_handle import JudgeStandby, StandbySlot, run_worker
 
 BENCH_SECONDS_PER_SHAPE = 1.0
 
@@ -125,7 +126,7 @@ def evaluate(task: Task, knobs: dict[str, KnobValue] | None = None, src_root: Pa
              seed: int | None = None, check: bool = True, bench: bool = True, comparators: bool = True,
              shapes: list[str] | None = None, bench_seconds: float = BENCH_SECONDS_PER_SHAPE) -> EvalReport:
     """Build, analyse, check and time one version of a task. Timing runs only after a passing check.
-    The check's judge is started before the build (tools/runner.JudgeStandby), so its start-up hides
+    The check's judge is started before the build (tools/judge_handle.JudgeStandby), so its start-up hides
     behind the compile."""
     runnable = not task.on_gpu or _gpu_available()
     slot = StandbySlot(task.root, enabled=runnable and check)

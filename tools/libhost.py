@@ -63,7 +63,7 @@ class Host:
     # -- requests ----------------------------------------------------------------------------------
     def prepare(self, spec_path: str, device: str) -> dict:
         """Everything before the library: the device (CUDA context, flush buffer), the trusted spec,
-        then the seccomp lockdown. A pre-started runner (tools/runner.JudgeStandby) does this and
+        then the seccomp lockdown. A pre-started runner (tools/judge_handle.JudgeStandby) does this and
         waits; the library it will load is named only at decision time."""
         if self.spec is not None:
             raise RuntimeError("this runner is already prepared")

@@ -69,3 +69,34 @@ def tail(text: str | bytes | None, limit: int, strip: bool = False) -> str:
     if strip:
         text = text.strip()
     return text if len(text) <= limit else "..." + text[-limit:]
+
+
+MEMORY_WORDS = ("bad_alloc", "MemoryError", "Cannot allocate memory", "out of memory")
+
+
+def exit_status(code: int | None, wrapped: bool = False) -> str:
+    """A child's end in words. `wrapped`: the child ran under a wrapper that exits 128 + the signal
+    that killed what it wraps (bwrap; a PID namespace's init shell), so such a code is that signal."""
+    if code is None:
+        return "did not finish"
+    if code > 128 and wrapped:
+        code = 128 - code
+    if code < 0:
+        try:
+            return f"crashed ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def memory_note(limit: int | None, peak_rss: int, output: str) -> str:
+    """Why a failed process probably ran out of its memory limit ('' when nothing says so). One whose
+    allocation is refused dies of the NULL pointer or of std::bad_alloc, or reports MemoryError; its
+    peak resident memory then sits near the limit."""
+    if not limit:
+        return ""
+    said = next((w for w in MEMORY_WORDS if w in output), None)
+    if said is None and peak_rss < 0.8 * limit:
+        return ""
+    return (f"; it hit the worker memory limit of {limit / 2**30:.3g} GiB (memory_limit_gb in task.toml; "
+            f"peak resident {peak_rss / 2**30:.2f} GiB{', ' + said if said else ''})")

@@ -237,7 +237,7 @@ class WorkerResult(BaseModel):
     # seconds the judge spent per stage: start (imports, runners up; 0 when it was pre-started and
     # ready), load (the libraries into their runners), check, timing
     stage_seconds: dict[str, float] = Field(default_factory=dict)
-    # the judge: "cold" (started for this request), or a pre-started standby (tools/runner.JudgeStandby)
+    # the judge: "cold" (started for this request), or a pre-started standby (tools/judge_handle.JudgeStandby)
     # that was "ready" (warmed up) or still "warming" when the request was sent
     standby: Literal["cold", "warming", "ready"] = "cold"
     e2e: E2EReport | None = None

@@ -431,3 +431,13 @@ def harden_process() -> None:
 
 def lockdown_requested(environ: Mapping[str, str] | None = None) -> bool:
     return (os.environ if environ is None else environ).get(LOCKDOWN_VAR) == "1"
+
+
+def scrubbed_env(base: dict[str, str] | None = None, home: str | os.PathLike | None = None) -> dict[str, str]:
+    """A runner's environment: the allow-list of tools/sandbox.py `minimal_env` (so no secret, whatever
+    its name) plus kloop's own package on PYTHONPATH, then the session's own PYTHONPATH entries (where
+    kloop's dependencies may live, e.g. a --target install): the child must import what the parent did."""
+    src = os.environ if base is None else base
+    paths = [str(Path(__file__).resolve().parents[1])] + [d for d in src.get("PYTHONPATH", "").split(os.pathsep) if d]
+    return minimal_env({"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), "PYTHONUNBUFFERED": "1"},
+                       home=home, base=base)

@@ -5,7 +5,7 @@ secret seed, computes the references, compares, times and does the statistics, a
 `WorkerResult` as JSON. It loads NO untrusted code: every library (the candidate, the best) is loaded
 by its own runner process (tools/libhost.py via tools/runner.py), which only calls `spec.launch` on
 buffers this process allocated and answers with plain data. The judge itself still runs in its own
-process (tools/runner.run_worker), so a runaway evaluation costs one evaluation, never the session.
+process (tools/judge_handle.run_worker), so a runaway evaluation costs one evaluation, never the session.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ READY_FILE = "ready"
 
 
 def standby(task_dir: Path, scratch: Path, out_path: Path) -> int:
-    """A pre-started judge (tools/runner.JudgeStandby): torch imported (and the CUDA context made),
+    """A pre-started judge (tools/judge_handle.JudgeStandby): torch imported (and the CUDA context made),
     both runners started, prepared and locked down, no library loaded; then `ready` is written in
     `scratch` and the request (with its seeds) is read from stdin, sent only at decision time.
     Stdin closed without a request: exit without answering (the standby was not needed)."""
