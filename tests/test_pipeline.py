@@ -43,7 +43,7 @@ def kloop(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("edit, field, words", [
     (("min_gain = 0.01", "min_gian = 0.01"), "min_gian", "unknown key"),
-    (('target = "cpu"', 'target = "gpu"'), "target", "'cuda' or 'cpu'"),
+    (('target = "cpu"', 'target = "gpu"'), "target", "'cuda', 'cpu' or 'triton' (got 'gpu')"),
     (("default = 0\nhelp = \"0: i-j-k", "default = 7\nhelp = \"0: i-j-k"), "knobs.LOOP_ORDER", "not one of the allowed values"),
     (('sources = ["matmul.cpp"]', 'sources = ["nothere.cpp"]'), "sources", "does not exist"),
     (('editable = ["matmul.cpp", "*.h"]', 'editable = ["*"]'), "editable", "read-only"),

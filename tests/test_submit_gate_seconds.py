@@ -95,33 +95,45 @@ def _attempts(svc):
     return [e for e in svc.session.events() if e.kind == "attempt_started"]
 
 
+def _submit_until_decided(service, src, text: str, title: str, gate_seconds: int):
+    """Submit `text` as a user following the gate's advice would: after 'undecided' (a loaded machine),
+    the same change again with the seconds the verdict names (allowed: the gate counts the look), at
+    most three times. Returns the last result and the gate seconds it was judged with."""
+    for _ in range(3):
+        src.write_text(text)
+        res = service.call("submit", {"title": title, "gate_seconds": gate_seconds})
+        if res.data is None or res.data.get("stage") != "undecided" or not res.data.get("decide_seconds"):
+            return res, gate_seconds
+        gate_seconds = max(gate_seconds, res.data["decide_seconds"])
+    return res, gate_seconds
+
+
 @pytest.mark.slow
 def test_a_slower_change_resubmitted_identically_is_refused(service):
     src = service.session.ws.task_path / "matmul.cpp"
     base_text = src.read_text()
     slower = base_text.replace(WASTE[2], WASTE[2] + WASTE[2] + WASTE[2])  # 6 products instead of 4: x0.67
-    src.write_text(slower)
     before = len(_attempts(service))
-    first = service.call("submit", {"title": "Compute the product six times", "gate_seconds": 2})
+    first, seconds = _submit_until_decided(service, src, slower, "Compute the product six times", 2)
+    spent = len(_attempts(service)) - before
     # a final rejection: a regression when a shape's own interval is tight enough to say so, else not faster
     # (the workload's upper bound is below the threshold; a shared service's later looks are wider)
     assert first.event == "rejected" and first.data["stage"] == "timing", first.text
     assert first.data["reason"].startswith(("regression beyond", "not measurably faster")), first.text
     slower_word = "regression" if first.data["reason"].startswith("regression") else "not measurably faster"
-    assert len(_attempts(service)) == before + 1
-    assert _attempts(service)[-1].gate_seconds == 2 and _attempts(service)[-1].best_commit == service.session.best_commit
+    assert _attempts(service)[-1].gate_seconds == seconds and _attempts(service)[-1].best_commit == service.session.best_commit
     number = _attempts(service)[-1].attempt
 
     src.write_text(slower)  # the same change again, hoping for a luckier timing
     again = service.call("submit", {"title": "Same again, longer", "gate_seconds": 10})
     assert not again.ok and again.event == "refused" and again.text.startswith("not run:"), again.text
     assert f"attempt {number} " in again.text and "optional stopping" in again.text and slower_word in again.text
-    assert len(_attempts(service)) == before + 1  # no attempt spent, nothing timed
+    assert len(_attempts(service)) == before + spent  # no attempt spent, nothing timed
     assert src.read_text() == slower  # the worktree is left as it was
 
     src.write_text(slower.replace(WASTE[0], ""))  # a different change is judged as usual
     third = service.call("submit", {"title": "Five products"})
-    assert third.event in ("accepted", "rejected") and len(_attempts(service)) == before + 2
+    assert third.event in ("accepted", "rejected") and len(_attempts(service)) == before + spent + 1
     assert _attempts(service)[-1].gate_seconds is None
 
 
@@ -159,13 +171,12 @@ def test_a_slower_change_dressed_up_is_refused_by_its_code(service):
     src = service.session.ws.task_path / "matmul.cpp"
     # eight products instead of four (x0.5): a change no other test here submits
     slower = src.read_text().replace(WASTE[2], WASTE[2] * 5)
-    src.write_text(slower)
     before = len(_attempts(service))
-    first = service.call("submit", {"title": "Compute the product eight times", "gate_seconds": 2})
+    first, _ = _submit_until_decided(service, src, slower, "Compute the product eight times", 2)
     assert first.event == "rejected" and first.data["reason"].startswith(("regression beyond", "not measurably faster")), first.text
-    assert len(_attempts(service)) == before + 1
+    spent = len(_attempts(service)) - before
     number = _attempts(service)[-1].attempt
     src.write_text(slower + "\n// reworded, same code\n")
     again = service.call("submit", {"title": "Same code, a comment more", "gate_seconds": 10})
     assert again.event == "refused" and "builds to this same code" in again.text and f"attempt {number} " in again.text, again.text
-    assert len(_attempts(service)) == before + 1
+    assert len(_attempts(service)) == before + spent
