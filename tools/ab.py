@@ -133,9 +133,11 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
             stopped = crit.finished_because
             break
         elapsed = time.monotonic() - started
-        # the cap holds once the passes can decide something; short of them (a slow or loaded machine)
-        # timing goes on up to MIN_EVIDENCE_STRETCH x the cap rather than end in "too few passes"
-        if elapsed >= max_seconds and (crit.has_min_evidence() or elapsed >= MIN_EVIDENCE_STRETCH * max_seconds):
+        # the cap holds once the passes can decide something; short of them, or with an interval still
+        # wider than the noise limit (a slow or loaded machine), timing goes on up to
+        # MIN_EVIDENCE_STRETCH x the cap rather than end in "too few passes" or "too wide". Stopping
+        # on the width alone, never on the estimate, keeps this free of optional stopping.
+        if elapsed >= max_seconds and (crit.can_decide() or elapsed >= MIN_EVIDENCE_STRETCH * max_seconds):
             break
 
     timing_seconds = time.monotonic() - started

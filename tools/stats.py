@@ -106,7 +106,7 @@ def ratio_of_sums(a: Sequence[float], b: Sequence[float]) -> RatioEstimate:
     return RatioEstimate(log_ratio, math.sqrt(var / n), n, ma, mb)
 
 
-MIN_EVIDENCE_STRETCH = 3.0  # a timing cap may stretch this much to reach the passes (and pairs) that decide
+MIN_EVIDENCE_STRETCH = 3.0  # a timing cap may stretch this much to reach the passes and the interval that decide
 
 
 class DecisionRules:
@@ -170,6 +170,11 @@ class PassCriterion:
         """Enough passes (and pairs per shape) for a decision; fewer decide nothing."""
         r = self.rules
         return self.passes >= r.min_passes and all(p >= r.min_pairs for p in self.pairs.values())
+
+    def can_decide(self) -> bool:
+        """Enough passes, and the workload's interval within the noise limit: a decision is possible
+        (it may still be 'undecided' because the interval straddles a threshold)."""
+        return self.has_min_evidence() and self.estimate().halfwidth(self.rules.alpha) <= self.rules.noisy_halfwidth
 
     def workload(self) -> tuple[list[float], list[float]]:
         """Per pass, each side's workload time (weight x seconds per call, summed over shapes)."""
