@@ -7,6 +7,7 @@ manifest, an unknown knob) print one clear message and exit 2; a failed build or
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -52,6 +53,9 @@ def _version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """kernel-loop: make GPU kernels faster, committing only proven gains."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit():  # the width this command runs at (the consoles were made at import)
+        console.width = err_console.width = int(columns)
 
 
 def _at_least(minimum: float, strict: bool):
