@@ -1,6 +1,6 @@
 """The gate's A/A and known-gain trials on the CPU task, through the real evaluation path.
 
-    python bench/gate_cpu_trials.py [--aa 2] [--gain 2] [--max-seconds 4] [--json OUT.json]
+    python bench/gate_cpu_trials.py [--aa 2] [--gain 2] [--max-seconds 4] [--hog N] [--json OUT.json]
 
 Each trial is one `Gate.decide` (fresh worker processes, paired A/B timing, `Gate.judge`), exactly what
 `submit` runs after the check:
@@ -9,13 +9,15 @@ Each trial is one `Gate.decide` (fresh worker processes, paired A/B timing, `Gat
         hide; a rejection as escape or regression is a FALSE ESCAPE / FALSE REGRESSION ("undecided
         (noisy machine)" is allowed: it says the machine could not decide, not that the change is bad).
 Exits 1 on any false accept, false escape or false regression; 0 otherwise. Meant for CI on a loaded
-2-core machine (about 60 s).
+2-core machine (about 60 s). `--hog N`: N busy-looping processes beside the trials, for the whole run
+(the machine a user shares with a build or a training job).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import shutil
 import sys
 import tempfile
@@ -70,14 +72,37 @@ def classify(case: str, v) -> str | None:
     return "true gain rejected"  # 'not measurably faster' on a x2: the gate is blind
 
 
+def _spin() -> None:
+    while True:
+        pass
+
+
+def start_hogs(n: int) -> list:
+    """`n` processes that each keep one core busy until killed."""
+    hogs = [multiprocessing.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(n)]
+    for h in hogs:
+        h.start()
+    return hogs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--aa", type=int, default=2, help="A/A trials")
     ap.add_argument("--gain", type=int, default=2, help="x2 trials")
     ap.add_argument("--max-seconds", type=float, default=4.0, help="timing cap per decision (MIN_PASSES must fit in it)")
+    ap.add_argument("--hog", type=int, default=0, help="busy-looping processes beside the trials")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
+    hogs = start_hogs(args.hog)
+    try:
+        return _trials(args)
+    finally:
+        for h in hogs:
+            h.kill()
+
+
+def _trials(args) -> int:
     started = time.monotonic()
     gate = Gate(TASK, "kernels/matmul_cpu", GateConfig(max_seconds=args.max_seconds))
     with tempfile.TemporaryDirectory(prefix="kloop-trials-") as tmp:
@@ -97,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             if bad:
                 failures.append(f"{case}: {bad}: {v.reason}")
     if args.json:
-        args.json.write_text(json.dumps({"trials": rows}, indent=1))
-    print(f"{len(cases)} trials in {time.monotonic() - started:.0f} s; "
+        args.json.write_text(json.dumps({"hog": args.hog, "trials": rows}, indent=1))
+    print(f"{len(cases)} trials{f' beside {args.hog} CPU hog(s)' if args.hog else ''} in {time.monotonic() - started:.0f} s; "
           + ("all verdicts honest" if not failures else f"{len(failures)} FAILED:\n  " + "\n  ".join(failures)))
     return 1 if failures else 0
 
