@@ -351,8 +351,9 @@ def test_work_spread_over_calls_fools_the_old_statistic_and_not_the_gate(cheat, 
     assert v.stage in ("timing", "undecided"), v.summary()
     if v.ab is not None and v.ab.passes >= 2:  # the verdict's own estimate says no faster
         assert v.ab.speedup < most, v.summary()
-    if cheat == "rt_sacrifice" and v.stage == "timing":
-        assert "regression beyond the allowance" in v.reason, v.summary()
+    if cheat == "rt_sacrifice" and v.stage == "timing":  # a x0.3: a regression, or (per-shape intervals
+        # too wide to name one under load) not faster, never a gain
+        assert v.reason.startswith(("regression beyond the allowance", "not measurably faster")), v.summary()
 # A harness that charges the calls only: fresh values and poison for every set, then its own work (a
 # cache flush, references, bookkeeping: 100 ms here), then each call timed on its own, each output compared.
 NAIVE_WINDOW = r"""

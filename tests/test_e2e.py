@@ -223,6 +223,15 @@ def test_biased_kernel_passes_the_check_but_not_training(libs):
             assert all(math.isfinite(x) for x in b.cand_losses)
 
 
+def _evaluate_until_decided(g, cand: Candidate, best):
+    """Gate.evaluate, then once more with the seconds an 'undecided' verdict names (a loaded machine;
+    the second look is counted), as a user following the gate's advice would."""
+    v = g.evaluate(cand, best)
+    if v.stage == "undecided" and v.decide_seconds:
+        v = g.evaluate(cand, best, max_seconds=v.decide_seconds, look=2)
+    return v
+
+
 @pytest.mark.slow
 def test_gate_accepts_honest_and_rejects_biased_at_e2e(tmp_path, libs):
     """The whole gate with `when = "accept"`: the honest faster change is accepted with its e2e figures
@@ -235,14 +244,14 @@ def test_gate_accepts_honest_and_rejects_biased_at_e2e(tmp_path, libs):
         cand = tmp_path / "cand"
         shutil.copytree(task, cand)
         (cand / "knobs.toml").write_text("LOOP_ORDER = 1\n")
-        honest = g.evaluate(Candidate(cand, ["matmul_cpu/knobs.toml"]), best)
+        honest = _evaluate_until_decided(g, Candidate(cand, ["matmul_cpu/knobs.toml"]), best)
         assert honest.accepted and honest.e2e is not None and honest.e2e.passed, honest.summary()
         assert "e2e" in honest.stage_seconds and "e2e: pass, last-10 mean loss" in honest.summary()
         trailers = trailer_dict(format_commit_message("t", "r", evidence_trailers(honest.figures(), best, "r", 1)))
         assert trailers["Kloop-E2E"].startswith("pass, last-10 mean loss ")
         (cand / "knobs.toml").unlink()
         shutil.copyfile(BIASED, cand / "matmul.cpp")
-        biased = g.evaluate(Candidate(cand, ["matmul_cpu/matmul.cpp"]), best)
+        biased = _evaluate_until_decided(g, Candidate(cand, ["matmul_cpu/matmul.cpp"]), best)
         assert not biased.accepted and biased.stage == "e2e", biased.summary()
         assert biased.check is not None and biased.check.passed and biased.speedup_lo > 1 + g.task.manifest.min_gain
         assert "training moved off the reference: last-10 mean loss" in biased.reason and " ref (+" in biased.reason
