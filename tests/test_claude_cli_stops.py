@@ -50,6 +50,7 @@ def printed(out: str, after: str) -> list[str]:
     return argv[1:]
 
 
+@pytest.mark.long
 def test_context_full_then_resume_as_printed_then_sigterm_ends_a_retry_wait(tmp_path):
     (tmp_path / "with space").mkdir()
     repo = make_repo(tmp_path / "with space", timeout_s=90)  # a path the printed command must quote; room for load

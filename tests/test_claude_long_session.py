@@ -90,6 +90,7 @@ def check_append_only(requests: list) -> None:
         assert _canon(b["messages"][: len(a["messages"])]) == _canon(a["messages"])
 
 
+@pytest.mark.long
 def test_forty_turns_with_clearing_then_resume(tmp_path):
     repo = make_repo(tmp_path, timeout_s=20)
     runs = tmp_path / "runs"

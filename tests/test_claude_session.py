@@ -56,6 +56,7 @@ def script():
     ]
 
 
+@pytest.mark.long
 def test_claude_session_end_to_end(tmp_path):
     repo = make_repo(tmp_path, timeout_s=20)  # a loaded machine needs room; the hung check costs this long
     runs = tmp_path / "runs"

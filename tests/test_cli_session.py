@@ -152,6 +152,7 @@ def workers_of(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.long
 def test_ctrl_c_twice_stops_now_and_resume_continues_from_the_record(tmp_path):
     repo = hanging_repo(tmp_path)
     runs = tmp_path / "runs"

@@ -232,6 +232,7 @@ def _evaluate_until_decided(g, cand: Candidate, best):
     return v
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_gate_accepts_honest_and_rejects_biased_at_e2e(tmp_path, libs):
     """The whole gate with `when = "accept"`: the honest faster change is accepted with its e2e figures

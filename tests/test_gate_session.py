@@ -182,6 +182,7 @@ def test_real_speedup_accepted_with_trailers(session):
     assert user.active_branch.name in ("master", "main") and not user.is_dirty(untracked_files=True)
 
 
+@pytest.mark.long
 def test_record_holds_every_attempt_and_replay_agrees(session):
     attempts = RunState.fold(session.events()).attempts
     assert [a.accepted for a in attempts].count(True) == 1
@@ -195,6 +196,7 @@ def test_record_holds_every_attempt_and_replay_agrees(session):
     assert report.ok
 
 
+@pytest.mark.long
 def test_commit_interrupted_after_accept_is_landed_on_resume(tmp_path):
     repo = make_repo(tmp_path)
     s = Session.start(repo / "kernels" / "matmul_cpu", "test", Budget(), runs_root=tmp_path / "runs", gate_config=GATE)
@@ -231,6 +233,7 @@ s.submit("Hang in the gate", "")
 """
 
 
+@pytest.mark.long
 def test_session_killed_mid_gate_resumes(tmp_path):
     repo = make_repo(tmp_path, timeout_s=60)
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(repo / "kernels" / "matmul_cpu"), str(tmp_path / "runs")],

@@ -122,6 +122,7 @@ def test_a_judge_that_never_answers_is_killed_and_its_attempt_interrupted(sessio
     assert session.pool.names[0] != names[0]
 
 
+@pytest.mark.long
 def test_a_session_killed_while_judges_run_resumes(tmp_path):
     repo = make_repo(tmp_path, timeout_s=120)
     runs = tmp_path / "runs"

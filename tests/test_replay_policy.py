@@ -61,6 +61,7 @@ def test_registry_names_every_policy():
         make_policy("replay")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_replay_of_a_recorded_session_agrees_and_catches_a_broken_accept(tmp_path):
     repo = make_repo(tmp_path)

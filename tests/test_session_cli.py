@@ -76,6 +76,7 @@ def _bash(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.long
 def test_shell_session_end_to_end_and_on_another_machine(tmp_path):
     task = make_repo(tmp_path)
     repo = task.parents[1]

@@ -17,6 +17,7 @@ from tools.sweep import knob_grid
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long
 def test_tuner_finds_and_commits_the_best_knob_setting(tmp_path):
     repo = make_repo(tmp_path)
     session = Session.start(repo / "kernels" / "matmul_cpu", "tuner", Budget(max_attempts=4), runs_root=tmp_path / "runs",
