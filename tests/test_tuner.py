@@ -55,25 +55,21 @@ def test_large_knob_spaces_are_sampled_with_tpe(tmp_path, monkeypatch):
     assert rows == sorted(rows, key=lambda r: r.score)
 
 
-def test_a_refused_submit_is_skipped_not_fatal(tmp_path):
-    """A setting the session refuses without judging (e.g. one that builds to the best's own code) costs
-    nothing and the tuner goes on to the next ranked setting."""
+def _ranked_ctx(submit):
+    """A policy context whose record holds a sweep ranking of K=0 (the current setting, 3.0), K=1 (1.0)
+    and K=2 (2.0); `submit(args)` answers each submit call."""
     from tools.base import ToolResult
     from tools.sweep import SweepRow
 
     rows = [SweepRow(knobs={"K": 0}, ok=True, score=3.0), SweepRow(knobs={"K": 1}, ok=True, score=1.0),
             SweepRow(knobs={"K": 2}, ok=True, score=2.0)]
-    submitted = []
 
     class Box:
         def call(self, name, args):
             if name == "knobs":
                 return ToolResult(text="", data={"current": {"K": 0}, "knobs": {"K": [0, 1, 2]}, "space": 3})
             assert name == "submit"
-            submitted.append(args["knobs"])
-            if args["knobs"] == {"K": 1}:
-                return ToolResult(ok=False, text="not run: builds to the same code as the best", event="refused")
-            return ToolResult(text="accepted", event="accepted", data={"accepted": True})
+            return submit(args)
 
     class Ctx:
         toolbox = Box()
@@ -90,7 +86,23 @@ def test_a_refused_submit_is_skipped_not_fatal(tmp_path):
         def log(self, *a, **k):
             pass
 
-    reason = TunerPolicy(console=Console(file=open(tmp_path / "tuner.log", "w"))).run(Ctx())
+    return Ctx()
+
+
+def test_a_refused_submit_is_skipped_not_fatal(tmp_path):
+    """A setting the session refuses without judging (e.g. one that builds to the best's own code) costs
+    nothing and the tuner goes on to the next ranked setting."""
+    from tools.base import ToolResult
+
+    submitted = []
+
+    def submit(args):
+        submitted.append(args["knobs"])
+        if args["knobs"] == {"K": 1}:
+            return ToolResult(ok=False, text="not run: builds to the same code as the best", event="refused")
+        return ToolResult(text="accepted", event="accepted", data={"accepted": True})
+
+    reason = TunerPolicy(console=Console(file=open(tmp_path / "tuner.log", "w"))).run(_ranked_ctx(submit))
     assert submitted == [{"K": 1}, {"K": 2}] and reason == "search exhausted"
 
 
@@ -98,39 +110,17 @@ def test_an_undecided_verdict_is_resubmitted_once_with_the_seconds_the_gate_name
     """On a loaded machine the gate may say undecided and name the timing that would decide; the tuner
     re-submits that setting once with it (a second undecided is a miss, not a loop)."""
     from tools.base import ToolResult
-    from tools.sweep import SweepRow
 
-    rows = [SweepRow(knobs={"K": 0}, ok=True, score=3.0), SweepRow(knobs={"K": 1}, ok=True, score=1.0),
-            SweepRow(knobs={"K": 2}, ok=True, score=2.0)]
     submitted = []
 
-    class Box:
-        def call(self, name, args):
-            if name == "knobs":
-                return ToolResult(text="", data={"current": {"K": 0}, "knobs": {"K": [0, 1, 2]}, "space": 3})
-            assert name == "submit"
-            submitted.append((args["knobs"], args.get("gate_seconds")))
-            if args["knobs"] == {"K": 1} and args.get("gate_seconds") == 9:
-                return ToolResult(text="accepted", event="accepted", data={"accepted": True, "stage": "accepted"})
-            return ToolResult(text="undecided", event="rejected",
-                              data={"accepted": False, "stage": "undecided", "decide_seconds": 9})
+    def submit(args):
+        submitted.append((args["knobs"], args.get("gate_seconds")))
+        if args["knobs"] == {"K": 1} and args.get("gate_seconds") == 9:
+            return ToolResult(text="accepted", event="accepted", data={"accepted": True, "stage": "accepted"})
+        return ToolResult(text="undecided", event="rejected",
+                          data={"accepted": False, "stage": "undecided", "decide_seconds": 9})
 
-    class Ctx:
-        toolbox = Box()
-
-        def events(self):
-            return [type("E", (), {"kind": "note", "text": "tuner ranking", "data": {"rows": [r.model_dump() for r in rows]}})()]
-
-        def attempts(self):
-            return []
-
-        def stop_reason(self):
-            return None
-
-        def log(self, *a, **k):
-            pass
-
-    TunerPolicy(console=Console(file=open(tmp_path / "tuner.log", "w"))).run(Ctx())
+    TunerPolicy(console=Console(file=open(tmp_path / "tuner.log", "w"))).run(_ranked_ctx(submit))
     # K=1 decided on its second look and became the best; K=2 (ranked slower than it) is not tried
     assert submitted == [({"K": 1}, None), ({"K": 1}, 9)]
 
