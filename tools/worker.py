@@ -120,11 +120,11 @@ def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
                 from tools.check import check_in_process
 
                 def relaunch():  # a fresh runner with the same library (fault diagnosis)
-                    # Not in a PID namespace of its own: a CPU judge has dropped the capabilities `unshare`
+                    # Not in a PID namespace of its own (the diagnosis is CPU-only): a CPU judge has dropped the capabilities `unshare`
                     # needs (harden_process), and a diagnosis only names what already failed (the
                     # verdict is a rejection, nothing is timed after it). bwrap, seccomp and
                     # harden_process still hold for this runner as for the others.
-                    r = start_runners([f"diagnose{len(runners)}"], judge.scratch, pidns=device.type == "cuda")
+                    r = start_runners([f"diagnose{len(runners)}"], judge.scratch, pidns=False)
                     runners.update(r)
                     lib = RemoteLib(next(iter(r.values())), arena, device, timer, call_timeout(task), task.manifest.threads)
                     lib.load(task.spec_path, cand_lib, LOAD_TIMEOUT_S)
