@@ -15,10 +15,8 @@ out=${OUT:-/tmp}
 part=${1:-all}
 want() { [ "$part" = all ] || [ "$part" = "$1" ]; }
 export KLOOP_CACHE=/tmp/kc
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-fi
+# the carried wheels and (where the host lacks it) bubblewrap + libseccomp: the GPU tests run sandboxed
+source bench/device_provision.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$out/gpu.txt"
 gpu_part() {  # NAME FILES...: one part of the GPU suite, its slowest tests listed so the split can be kept true
   local name=$1; shift

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from tools.proc import exit_status, kill_group, memory_note, tail
 from tools.protocol import WorkerRequest, WorkerResult
 from tools.runner import ARENA_PREFIX
+from tools.worker import LOAD_TIMEOUT_S, LOADED_FILE
 from tools.sandbox import LOCKDOWN_VAR, RUNNER_PIDNS_VAR, keep_secrets_in, scrubbed_env, status, wrap
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +50,9 @@ def runner_command(cmd: list[str], *, scratch: Path, readable: list[Path] = (), 
 
 
 SCRATCH_PREFIX = "kloop-worker-"
+# a judge's start before its request's timeout counts: its torch import and its runners' start and
+# library loads (each load is bounded by LOAD_TIMEOUT_S inside the judge)
+STARTUP_TIMEOUT_S = LOAD_TIMEOUT_S + 30.0
 
 
 def run_worker(req: WorkerRequest, timeout: float, prefix: list[str] | None = None,
@@ -90,7 +94,7 @@ def _collect(proc: subprocess.Popen, reader: "_OutputReader", out_path: Path, ti
              limit: int | None) -> WorkerResult:
     """Wait for a judge (killing its whole tree at the end, whatever happens) and read its answer."""
     try:
-        finished, peak_rss = _wait(proc, timeout)
+        overran, peak_rss = _wait(proc, timeout, out_path.parent / LOADED_FILE)
     finally:
         kill_group(proc)  # nothing the kernel forked outlives the evaluation (nor a Ctrl-C)
         _remove_arenas(proc.pid)
@@ -98,7 +102,11 @@ def _collect(proc: subprocess.Popen, reader: "_OutputReader", out_path: Path, ti
             _reap(proc)
     text = reader.text()
     reader.close(proc)
-    if not finished:
+    if overran == "start":
+        return WorkerResult(ok=False, error=f"the judge and its runners did not start and load within "
+                                            f"{STARTUP_TIMEOUT_S + timeout:.0f} s (host overloaded, or a hang at load); "
+                                            f"output tail: {tail(text, 1500, strip=True)}")
+    if overran:
         return WorkerResult(ok=False, error=f"timed out after {timeout:.0f} s (hang or far too slow); "
                                             f"output tail: {tail(text, 1500, strip=True)}")
     memory = memory_note(limit, peak_rss, text)
@@ -355,12 +363,16 @@ class _OutputReader:
             proc.stdout.close()
 
 
-def _wait(proc: subprocess.Popen, timeout: float) -> tuple[bool, int]:
-    """Wait for the worker; (finished in time, the peak resident memory of its process tree in bytes).
+def _wait(proc: subprocess.Popen, timeout: float, loaded: Path) -> tuple[str | None, int]:
+    """Wait for the worker; (None if it finished in time, else the phase it overran: "start" or
+    "work"; the peak resident memory of its process tree in bytes).
 
+    Two deadlines: the judge and its runners get STARTUP_TIMEOUT_S to start and load their libraries
+    (the judge then writes `loaded`), and `timeout` counts from then: a start-up slowed by a loaded
+    host never eats the request's own seconds, and a hang at start-up is still bounded.
     The peak is the largest VmHWM seen while polling the tree (the sandbox sits between us and the
     worker, so wait4's figure is the sandbox's own), or wait4's when larger."""
-    deadline = time.monotonic() + timeout
+    deadline, phase = time.monotonic() + STARTUP_TIMEOUT_S + timeout, "start"
     watch = _TreeWatch(proc.pid)
     pause = 0.005
     while True:
@@ -368,9 +380,12 @@ def _wait(proc: subprocess.Popen, timeout: float) -> tuple[bool, int]:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            return True, max(watch.peak, usage.ru_maxrss * 1024)
-        if time.monotonic() >= deadline:
-            return False, watch.peak
+            return None, max(watch.peak, usage.ru_maxrss * 1024)
+        now = time.monotonic()
+        if phase == "start" and loaded.exists():
+            deadline, phase = min(deadline, now + timeout), "work"
+        if now >= deadline:
+            return phase, watch.peak
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
 

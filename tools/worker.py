@@ -23,6 +23,10 @@ from tools.protocol import WorkerRequest, WorkerResult
 from tools.spec import load_spec
 
 LOAD_TIMEOUT_S = 120.0  # a runner's start: python, torch (and CUDA) import, the library's load
+# Written beside RESULT.json once the runners hold their libraries: the request's own timeout (the
+# manifest's timeout_s) counts from here, so a start-up slowed by load never eats the work's seconds
+# (tools/judge_handle._wait). A runner cannot write it (it sees only its own scratch).
+LOADED_FILE = "loaded"
 
 
 def call_timeout(task) -> float:
@@ -80,8 +84,9 @@ def runner_names(kind: str, libs: list[str]) -> list[str]:
             "gate": ["best", "cand"], "e2e": ["cand"]}.get(kind, [])
 
 
-def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
-    """Answer one request; `judge`: a pre-started one (standby) whose runners hold no library yet."""
+def serve(req: WorkerRequest, judge: Judge | None = None, loaded_marker: Path | None = None) -> WorkerResult:
+    """Answer one request; `judge`: a pre-started one (standby) whose runners hold no library yet;
+    `loaded_marker`: a file written once every library is loaded (the work's timeout starts there)."""
     task = load_task(req.task_dir) if judge is None else judge.task
     if task.on_gpu:
         import torch
@@ -111,6 +116,8 @@ def serve(req: WorkerRequest, judge: Judge | None = None) -> WorkerResult:
             except RunnerError as exc:
                 return WorkerResult(ok=False, device=info, error=f"the library did not load: {exc}", stage_seconds=stages)
             stages["load"] = round(time.monotonic() - t1, 3)
+            if loaded_marker is not None:
+                loaded_marker.write_text(f"{time.monotonic() - t0:.3f}\n")
 
             def result(**kw) -> WorkerResult:
                 return WorkerResult(device=info, stage_seconds=stages, **kw)
@@ -223,7 +230,7 @@ def main(argv: list[str]) -> int:
     try:
         req = WorkerRequest.model_validate_json(req_path.read_text())
         req_path.unlink()  # the request holds the gate's seed: gone before any untrusted code loads
-        result = serve(req)
+        result = serve(req, loaded_marker=out_path.parent / LOADED_FILE)
     except Exception as exc:
         result = _failure(exc)
     _answer(result, out_path)
@@ -257,7 +264,7 @@ def standby(task_dir: Path, scratch: Path, out_path: Path) -> int:
         del data
         if Path(req.task_dir).resolve() != task_dir.resolve():
             raise ValueError(f"request for {req.task_dir}, standby for {task_dir}")
-        result = serve(req, judge)
+        result = serve(req, judge, loaded_marker=out_path.parent / LOADED_FILE)
     except Exception as exc:
         judge.close()
         result = _failure(exc)
