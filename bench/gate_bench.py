@@ -84,7 +84,7 @@ def run_trials(gate: Gate, slot: StandbySlot, shape: str, path_a: str, path_b: s
         out.append({"accepted": v.accepted, "speedup": v.speedup, "lo": v.speedup_lo, "hi": v.speedup_hi,
                     "pairs": ab.pairs, "timing_s": ab.timing_seconds, "decision_s": round(per_decision, 3),
                     "overhead_s": round(per_decision - ab.timing_seconds, 3), "stopped": ab.stopped_because,
-                    "reason": v.reason, "passes": v.ab.passes if v.ab else 0,
+                    "reason": v.reason, "passes": v.ab.passes if v.ab else 0, "pass_seconds": ab.pass_seconds,
                     "log_ratio": v.ab.shapes[0].log_speedup if v.ab and v.ab.shapes else float("nan")})
         log(f"{label} trial {i + 1}/{n}: {'ACCEPT' if v.accepted else 'reject'} x{v.speedup:.4f} "
             f"[{v.speedup_lo:.4f}, {v.speedup_hi:.4f}] {ab.passes} passes {ab.pairs} pairs {ab.timing_seconds:.2f} s "
@@ -181,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
             widest = max(widths) if widths else None
             if widest is not None and widest > gate.config.noisy_halfwidth:
                 met = False
+            parts: dict[str, float] = {}  # where the timing loop's seconds went, summed over the case's trials
+            for t in trials:
+                for k, v in t["pass_seconds"].items():
+                    parts[k] = parts.get(k, 0.0) + v
             row = {"case": "A/A" if label == "A/A" else f"gain {100 * label:g}%", "delay_ns": delay_ns,
                    "trials": len(trials), "trials_asked": n, "accepted": accepted, "rate": rate,
                    "target": f"{op} {target:.0%}" if target is not None else "", "met": met,
@@ -190,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                    "overhead_s_mean": sum(t["overhead_s"] for t in trials) / len(trials),
                    "pairs_mean": sum(t["pairs"] for t in trials) / len(trials),
                    "passes_mean": sum(t["passes"] for t in trials) / len(trials), "widest_accepted_halfwidth": widest,
+                   "pass_seconds_share": {k: round(v / max(sum(parts.values()), 1e-9), 3) for k, v in parts.items()},
                    **meta}
             rows.append(row)
             results["cases"].append(row | {"trials_detail": trials})
@@ -213,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     print("s/decision: the trial's seconds in the judge plus its share of the judge's and runners' start-up and "
           "loads; overhead: s/decision less the paired timing itself; widest acc.: the widest accepted interval's "
           f"half-width in log (noise limit {gate.config.noisy_halfwidth}; wider fails the case)")
+    for r in rows:
+        print(f"{r['case']}: timing loop by part: " + ", ".join(f"{k} {v:.0%}" for k, v in r["pass_seconds_share"].items()))
     short = [f"{r['case']} {r['trials']} of {r['trials_asked']}" for r in rows if r["trials"] < r["trials_asked"]]
     if short:
         print("fewer trials than asked, to fit --budget: " + ", ".join(short))

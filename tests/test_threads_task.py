@@ -78,3 +78,8 @@ def test_a_two_thread_kernel_is_judged_on_wall_time_with_all_cpu_in_samples(tmp_
     assert ab is not None and ab.measure == "wall", v.summary()
     assert ab.cpu_in_samples_b > 0 and abs(ab.cpu_unattributed_b) < 1e-3 * ab.cpu_in_samples_b, ab
     assert ab.max_parallelism_b is not None and ab.max_parallelism_b <= 2.2, ab  # never more than 2 threads at work
+    # where the timing loop's seconds went: every part booked, and together about the loop's own time
+    parts = ab.pass_seconds
+    assert set(parts) == {"fresh inputs", "paired samples", "timed calls", "re-checks", "probes"}, parts
+    assert min(parts.values()) >= 0 and parts["timed calls"] > 0, parts
+    assert 0.8 * ab.timing_seconds <= sum(parts.values()) <= ab.timing_seconds + 0.01, (parts, ab.timing_seconds)

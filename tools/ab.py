@@ -122,9 +122,10 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
     started = time.monotonic()
     stopped = "time cap"
     crit = PassCriterion({st.name: st.weight for st in states}, rules)
+    spent: dict[str, float] = {}
     while True:
         for st in states:
-            one_pass(spec, task, st, gen, rng, lib_a, lib_b, share)
+            one_pass(spec, task, st, gen, rng, lib_a, lib_b, share, spent)
         crit.add_measurement({st.name: st.pass_sums[-1] for st in states})
         if any(st.problem for st in states):
             stopped = "wrong timed outputs"
@@ -143,7 +144,8 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
     timing_seconds = time.monotonic() - started
     total = crit.estimate()
     report = ABReport(pairs=sum(crit.pairs.values()), timing_seconds=round(timing_seconds, 3), stopped_because=stopped,
-                      passes=crit.passes, look=look, alpha=rules.alpha)
+                      passes=crit.passes, look=look, alpha=rules.alpha,
+                      pass_seconds={k: round(v, 4) for k, v in spent.items()})
     for st in states:
         est = crit.shape_estimate(st.name)
         slo, shi = est.interval(rules.alpha)
@@ -192,10 +194,22 @@ def _add_set(spec: Spec, st: _Shape, inputs: dict, share, lib_a, lib_b) -> None:
     lib_b.bind(st.key(i), st.dims, inputs, outs_b)
 
 
-def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a, lib_b, share) -> None:
+def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a, lib_b, share,
+             spent: dict[str, float] | None = None) -> None:
     """Fresh values and poison; every set called once per side in pairs; a random re-check of those calls;
-    probes on fresh values, their output checked too."""
+    probes on fresh values, their output checked too. `spent`: wall seconds per part of the pass, added
+    to (where a decision's seconds go beyond the timed calls)."""
+    spent = {} if spent is None else spent
+    mark = time.monotonic()
+
+    def book(part: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        spent[part] = spent.get(part, 0.0) + now - mark
+        mark = now
+
     refresh(spec, st, gen, share, lib_a, lib_b)
+    book("fresh inputs")
     n = len(st.sets)
     order = list(range(n))
     rng.shuffle(order)
@@ -214,6 +228,11 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
     lib_a._gap()
     lib_b._gap()
     lib_a._pending = lib_b._pending = None
+    book("paired samples")
+    # of which the calls' own measured time; the rest is requests, flushes and the runners' clocks
+    measured = st.k * (sum(st.ta[first:]) + sum(st.tb[first:]))
+    spent["paired samples"] -= measured
+    spent["timed calls"] = spent.get("timed calls", 0.0) + measured
     for which, lib in (("a", lib_a), ("b", lib_b)):
         st.after_return[which].extend(lib.sample_leaks[leak0[which]:])
     # the pass's whole time per side, every call counted: what the criterion and the verdict see
@@ -225,6 +244,7 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
     recheck = max(RECHECK_MIN, math.ceil(RECHECK_FRACTION * len(called)))
     for i in rng.sample(called, min(recheck, len(called))):
         _recheck(task, spec, st, i, f"pass {st.passes}, set {i}")
+    book("re-checks")
     # cold integrity probes, A and B alike, each on fresh values (a probe must not be told from a timed
     # call by values it has seen before), and the candidate's probe output checked too: an untimed call
     # is no place to do owed work
@@ -239,6 +259,7 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
             st.probes[which].append(lib.probe(st.key(probe_set), idle_s))
     # the last probe's output (one reference more per pass: for attention shapes a reference is dear)
     _recheck(task, spec, st, probe_set, f"pass {st.passes}, probe of set {probe_set}")
+    book("probes")
 
 
 def _recheck(task: Task, spec: Spec, st: _Shape, i: int, where: str) -> None:

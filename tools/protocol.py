@@ -159,6 +159,9 @@ class ABReport(BaseModel):
     alpha: float = 0.0061  # this look's one-sided level (tools/stats.look_alpha)
     pairs: int = 0
     timing_seconds: float = 0.0
+    # wall seconds of the timing loop by part: "paired samples" (the timed calls, flushes and requests),
+    # "fresh inputs", "re-checks", "probes": where a decision's seconds go beyond the timed calls
+    pass_seconds: dict[str, float] = Field(default_factory=dict)
     stopped_because: str = ""
     # how the runners' time was read (tools/remote.py): "cpu" (the runner's CPU clock), "wall" (CPU tasks
     # whose manifest allows threads: the judge's wall clock around each request) or "events" (CUDA)
