@@ -44,7 +44,11 @@ def test_gate_on_gpu_accepts_a_real_gain_and_rejects_a_copy(tmp_path):
     gate = Gate(trusted, "kernels/softmax", GateConfig(max_seconds=3.0))
     best = build(gate.task)
     same = gate.evaluate(Candidate(trusted, ["kernels/softmax/softmax.cu"]), best)
-    assert not same.accepted and same.stage == "timing", same.summary()
+    # the same code is never accepted: rejected as not faster, or (a short call's spread on the H200,
+    # 2026-12-02: x0.70 [0.38, 1.28] on a 30 us shape) undecided, which is a rejection too; never at a
+    # check or an integrity layer
+    assert not same.accepted and same.stage in ("timing", "undecided"), same.summary()
+    assert "wrong" not in same.reason and "escap" not in same.reason, same.summary()
     cand = tmp_path / "softmax"
     import shutil
 

@@ -88,7 +88,11 @@ def test_gate_rejects_the_same_triton_code_and_accepts_nothing_unproven(rms_gate
     shutil.copytree(gate.trusted_dir, cand)
     (cand / "rmsnorm.py").write_text((cand / "rmsnorm.py").read_text() + "\n# a comment: the same code\n")
     v = gate.evaluate(Candidate(cand, ["kernels/rmsnorm_triton/rmsnorm.py"]), best)
-    assert not v.accepted and v.stage == "timing", v.summary()
+    # the same code is never accepted: rejected as not faster, or (a short call's spread on the H200,
+    # 2026-12-02: x0.70 [0.38, 1.28] on a 30 us shape) undecided, which is a rejection too; never at a
+    # check or an integrity layer
+    assert not v.accepted and v.stage in ("timing", "undecided"), v.summary()
+    assert "wrong" not in v.reason and "escap" not in v.reason, v.summary()
 
 
 def test_tuner_session_on_rmsnorm_triton_lands_a_gated_commit(tmp_path):
