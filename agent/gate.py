@@ -498,8 +498,15 @@ class Gate:
         problem = self.integrity_problem(ab)
         if problem is not None:
             stage, reason = problem
-            return Verdict(accepted=False, stage=stage, **common, reason=reason)
+            # an undecided integrity layer (a speedup not finite) advises twice the seconds, as its text says
+            seconds = self._longer_gate(ab) if stage == "undecided" and "the speedup is not finite" in reason else None
+            return Verdict(accepted=False, stage=stage, **common, reason=reason, decide_seconds=seconds)
         return self._speed_verdict(ab, crit, common)
+
+    def _longer_gate(self, ab: ABReport) -> int:
+        """Twice the seconds this timing took (the cap where it did not say), at most the most a gate may take."""
+        spent = ab.timing_seconds if _finite(ab.timing_seconds) and ab.timing_seconds > 0 else self.config.max_seconds
+        return min(MAX_GATE_SECONDS, math.ceil(2 * spent))
 
     def estimated(self, ab: ABReport):
         """(a copy of the report whose speedups, intervals and per-shape times are the criterion's, the
@@ -565,10 +572,9 @@ class Gate:
 
         if ab.passes >= MIN_PASSES and not all(_finite(x) and x > 0 for x in (ab.speedup, ab.speedup_lo, ab.speedup_hi,
                                                   *(v for s in ab.shapes for v in (s.speedup, s.speedup_lo, s.speedup_hi)))):
-            spent = ab.timing_seconds if _finite(ab.timing_seconds) and ab.timing_seconds > 0 else self.config.max_seconds
             return "undecided", (
                 f"{UNDECIDED}: the speedup is not finite and positive. To decide: re-submit the same change with a longer "
-                f"gate (--gate-seconds {min(MAX_GATE_SECONDS, math.ceil(2 * spent))}; MCP: gate_seconds)")
+                f"gate (--gate-seconds {self._longer_gate(ab)}; MCP: gate_seconds={self._longer_gate(ab)})")
         sabotaged = [s for s in ab.shapes if _finite(s.baseline_a) and s.baseline_a > 0
                      and s.time_a > self.config.best_slowdown_limit * s.baseline_a]
         if sabotaged:

@@ -127,6 +127,24 @@ def test_a_pass_time_not_finite_and_positive_decides_nothing(gate, bad):
     assert not v.accepted and v.stage in ("timing", "undecided"), v.reason
 
 
+def test_a_speedup_not_finite_is_undecided_with_the_seconds_it_advises_as_data(gate, monkeypatch):
+    """Defence in depth (the estimate clamps its figures): were a speedup still not finite, the verdict
+    is undecided and its advised seconds are data as well as text (the tuner re-submits with them)."""
+    s = shape("sq192", 2.0)
+    ab = report(s)
+    real = Gate.estimated
+
+    def broken(self, ab):
+        ab, crit = real(self, ab)
+        ab.speedup = math.nan
+        return ab, crit
+
+    monkeypatch.setattr(Gate, "estimated", broken)
+    v = gate.judge(ab)
+    assert v.stage == "undecided" and "the speedup is not finite" in v.reason, v.reason
+    assert v.decide_seconds is not None and f"--gate-seconds {v.decide_seconds}" in v.reason, v.reason
+
+
 def test_time_below_the_physics_floor_is_rejected_as_impossible(gate):
     s = shape("sq192", 50.0)  # tb = 20 us
     s.floor_s = 100e-6
