@@ -597,7 +597,7 @@ def _commit_rows(repo_root: Path, branch: str, base: Optional[str]) -> list[dict
         t = dict(trailers)
         rows.append({
             "commit": c.sha, "title": c.summary, "attempt": t.get("Kloop-Attempt"), "speedup": t.get("Kloop-Speedup"),
-            "ci95": t.get("Kloop-Speedup-CI95"),
+            "interval": t.get("Kloop-Speedup-Interval", t.get("Kloop-Speedup-CI95")),
             "times": {k.removeprefix("Kloop-Time-"): v for k, v in trailers if k.startswith("Kloop-Time-")},
             "registers": {k.removeprefix("Kloop-Regs-"): v for k, v in trailers if k.startswith("Kloop-Regs-")},
             "device": t.get("Kloop-Device"), "knobs": t.get("Kloop-Knobs"), "run": t.get("Kloop-Run"),
@@ -623,13 +623,13 @@ def _numbers(row: dict) -> dict:
     out = dict(row)
     out["attempt"] = int(row["attempt"]) if row.get("attempt") and str(row["attempt"]).isdigit() else row.get("attempt")
     out["speedup"] = num(row.get("speedup"))
-    lo, _, hi = (row.get("ci95") or "").partition("..")
-    out["ci95"] = [num(lo), num(hi)] if hi else None
+    lo, _, hi = (row.get("interval") or "").partition("..")
+    out["interval"] = [num(lo), num(hi)] if hi else None
     times = {}
     for shape, text in row.get("times", {}).items():
         m = re.match(rf"{_NUM}ms -> {_NUM}ms \(x{_NUM}, {_NUM}\.\.{_NUM}, (\d+) pairs\)", text)
         times[shape] = {"best_ms": num(m[1]), "candidate_ms": num(m[2]), "speedup": num(m[3]),
-                        "ci95": [num(m[4]), num(m[5])], "pairs": int(m[6])} if m else {"text": text}
+                        "interval": [num(m[4]), num(m[5])], "pairs": int(m[6])} if m else {"text": text}
     out["times"] = times
     regs = {}
     for kernel, text in row.get("registers", {}).items():
@@ -656,13 +656,13 @@ def _print_log(run_dir: Path, as_json: bool) -> None:
         console.print(f"no accepted changes on {info.branch} (base {info.base_commit[:10]})", highlight=False)
         return
     table = Table(title=f"accepted changes on {info.branch} (base {info.base_commit[:10]})", title_justify="left")
-    for col in ("commit", "title", "speedup [95% CI]", "time per bench shape", "registers / spills"):
+    for col in ("commit", "title", "speedup [gate interval]", "time per bench shape", "registers / spills"):
         table.add_column(col)
     total = 1.0
     for r in rows:
         sp = _numbers(r)["speedup"]
         total *= sp if sp and sp > 0 else 1.0
-        table.add_row(r["commit"][:10], escape(r["title"]), escape(f"x{r['speedup']} [{r['ci95']}]"),
+        table.add_row(r["commit"][:10], escape(r["title"]), escape(f"x{r['speedup']} [{r['interval']}]"),
                       escape("\n".join(f"{k}: {v.split(' (')[0]}" for k, v in r["times"].items())),
                       escape("\n".join(f"{k}: {v}" for k, v in r["registers"].items())))
     console.print(table)
@@ -681,7 +681,7 @@ def log(run: str = typer.Argument("last", help="Run id, run folder, 'last', or a
             emit_json([_numbers(r) for r in rows])
         else:
             for r in rows:
-                console.print(escape(f"{r['commit'][:10]} x{r['speedup']} [{r['ci95']}] {r['title']}"), highlight=False)
+                console.print(escape(f"{r['commit'][:10]} x{r['speedup']} [{r['interval']}] {r['title']}"), highlight=False)
         return
     _print_log(resolve_run(run, runs_dir), as_json)
 
@@ -713,7 +713,7 @@ def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), ru
     console.print(escape(f"run {info.run_id}: task {info.task}, policy {info.policy}, branch {info.branch}, "
                          f"base {info.base_commit[:10]}; measured on {info.machine.get('name', '?')}"), highlight=False)
     table = Table()
-    for col in ("#", "title", "verdict", "speedup [95% CI]", "reason"):
+    for col in ("#", "title", "verdict", "speedup [gate interval]", "reason"):
         table.add_column(col)
     for a in attempts:
         verdict = {"pending": "[yellow]pending[/]", "interrupted": "[yellow]interrupted[/]", "accepted": "[green]accepted[/]",

@@ -103,20 +103,23 @@ def test_log_json_numbers_are_numbers():
     figures = {"speedup": 1.2345, "speedup_lo": 1.2, "speedup_hi": 1.27,
                "ab": {"shapes": [{"shape": "sq192", "time_a": 0.00123, "time_b": 0.001, "speedup": 1.23,
                                   "speedup_lo": 1.2, "speedup_hi": 1.26, "pairs": 24}], "pairs": 24,
-                      "timing_seconds": 3.0, "stopped_because": "interval"},
+                      "timing_seconds": 3.0, "stopped_because": "interval", "alpha": 0.0061, "look": 2},
                "build": {"kernels": [{"name": "kloop_matmul", "registers": 80, "spill_store_bytes": 0, "spill_load_bytes": 4}]}}
     message = format_commit_message("Unroll", "because", evidence_trailers(figures, None, "run-1", 3))
     trailers = parse_trailers(message)
     t = dict(trailers)
     row = {"commit": "abc", "title": "Unroll", "attempt": t["Kloop-Attempt"], "speedup": t["Kloop-Speedup"],
-           "ci95": t["Kloop-Speedup-CI95"], "run": t["Kloop-Run"],
+           "interval": t["Kloop-Speedup-Interval"], "run": t["Kloop-Run"],
            "times": {k.removeprefix("Kloop-Time-"): v for k, v in trailers if k.startswith("Kloop-Time-")},
            "registers": {k.removeprefix("Kloop-Regs-"): v for k, v in trailers if k.startswith("Kloop-Regs-")}}
     out = json.loads(json.dumps(_numbers(row)))
     assert out["attempt"] == 3 and out["speedup"] == pytest.approx(1.2345)
-    assert out["ci95"] == [pytest.approx(1.2), pytest.approx(1.27)]
+    assert out["interval"] == [pytest.approx(1.2), pytest.approx(1.27)]
+    # the interval is the gate's (each bound one-sided at the look's level), and the commit says so
+    assert "Kloop-Speedup-CI95" not in t and t["Kloop-Speedup-Level"] == "one-sided 0.61% per bound, timed look 2 at its best"
     sq = out["times"]["sq192"]
     assert sq["best_ms"] == pytest.approx(1.23) and sq["candidate_ms"] == pytest.approx(1.0) and sq["pairs"] == 24
+    assert sq["interval"] == [pytest.approx(1.2), pytest.approx(1.26)]
     assert out["registers"]["kloop-matmul"] == {"registers": 80, "registers_before": 80,
                                                 "spill_store_bytes": 0, "spill_load_bytes": 4}
 

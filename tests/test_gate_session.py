@@ -171,7 +171,7 @@ def test_real_speedup_accepted_with_trailers(session):
     assert len(commits) == 1 and commits[0].hexsha == session.best_commit == session.ws.head()
     trailers = dict(parse_trailers(commits[0].message))
     assert float(trailers["Kloop-Speedup"]) == pytest.approx(v.speedup, rel=1e-3)
-    lo, hi = (float(x) for x in trailers["Kloop-Speedup-CI95"].split(".."))
+    lo, hi = (float(x) for x in trailers["Kloop-Speedup-Interval"].split(".."))
     assert 1.01 < lo <= float(trailers["Kloop-Speedup"]) <= hi
     assert trailers["Kloop-Attempt"] == str(session.attempts()[-1].number)
     assert trailers["Kloop-Run"] == session.record.info.run_id

@@ -169,7 +169,7 @@ def test_every_report_gets_a_verdict_strict_json_and_readable_text(tmp_path_fact
         message = format_commit_message(title or "t", "why", evidence_trailers(v.figures(), None, "run", 1))
         assert isinstance(parse_trailers(message), list)
         row = {"commit": "0" * 40, "title": title, "attempt": "1", "speedup": _trailer(message, "Kloop-Speedup"),
-               "ci95": _trailer(message, "Kloop-Speedup-CI95"), "times": {}, "registers": {}}
+               "interval": _trailer(message, "Kloop-Speedup-Interval"), "times": {}, "registers": {}}
         json.dumps(_numbers(row), allow_nan=False)
         # the live progress line of a session
         Progress()(make_event("verdict", attempt=1, accepted=v.accepted, reason=v.reason, figures=v.figures()))

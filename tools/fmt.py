@@ -76,7 +76,7 @@ def fmt_num(x: Any, spec: str = ".4f") -> str:
 
 
 def fmt_speedup(speedup: float | None, lo: float | None = None, hi: float | None = None) -> str:
-    """'x1.1200 [1.1100, 1.1300]': a speedup and its 95% interval ('-' when there is none)."""
+    """'x1.1200 [1.1100, 1.1300]': a speedup and its interval (the gate's: each bound at its look's one-sided level) ('-' when there is none)."""
     if not speedup and not isinstance(speedup, float):
         return "-"
     if speedup == 0:
