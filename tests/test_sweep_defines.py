@@ -43,3 +43,32 @@ def test_sweep_builds_every_define_and_labels_it(task):
     table = format_sweep(rows, baseline=task.knob_settings())
     assert "-D KLOOP_PROBE=1" in table and "-D KLOOP_PROBE=2" in table
     assert "exploration only" in table
+
+
+def test_a_sweep_times_its_settings_in_one_judge_and_a_crash_costs_only_its_row(task, monkeypatch):
+    """Several settings are quick-benched by ONE judge (each in its own runner): a judge's start is paid
+    once per batch, not per setting (on the H200 it was 3-8 s of each setting's ~6 s). A setting whose
+    kernel crashes fails its own row; the others are still timed."""
+    src = task.root / "matmul.cpp"
+    # KLOOP_PROBE=3 crashes at the first call (a null write), 1 and 4 are honest
+    src.write_text("#include <cstdlib>\n#if defined(KLOOP_PROBE) && KLOOP_PROBE == 3\n#define KLOOP_CRASH 1\n#endif\n"
+                   + src.read_text().replace("extern \"C\" int kloop_matmul(", "static int kloop_matmul_impl(", 1)
+                   + "\nextern \"C\" int kloop_matmul(const float* a, const float* b, float* c, int M, int N, int K) {\n"
+                   "#ifdef KLOOP_CRASH\n  *(volatile int*)nullptr = 1;\n#endif\n"
+                   "  return kloop_matmul_impl(a, b, c, M, N, K);\n}\n")
+    import tools.judge_handle as jh
+    import tools.evaluate as ev
+
+    judges = []
+    real = jh.run_worker
+
+    def counted(req, *a, **kw):
+        judges.append((req.kind, len(req.libs)))
+        return real(req, *a, **kw)
+
+    monkeypatch.setattr(ev, "run_worker", counted)
+    rows = sweep(task, [{}], defines={"KLOOP_PROBE": [1, 3, 4]}, shapes=["one"], seconds_per_shape=0.05, jobs=2)
+    by_value = {r.defines["KLOOP_PROBE"]: r for r in rows}
+    assert judges == [("bench", 3)], judges
+    assert by_value[1].ok and by_value[4].ok and by_value[1].times["one"] > 0 and by_value[4].times["one"] > 0, rows
+    assert not by_value[3].ok and by_value[3].error, by_value[3]

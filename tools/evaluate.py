@@ -65,6 +65,19 @@ def run_e2e(task: Task, lib: str, seed: int | None = None, trusted_dir: Path | N
     return run_worker(req, timeout=worker_timeout(task, extra=cfg.timeout_s if cfg else 0))
 
 
+def run_bench_many(task: Task, libs: list[str], shapes: list[str] | None = None,
+                   seconds_per_shape: float = BENCH_SECONDS_PER_SHAPE, trusted_dir: Path | None = None) -> WorkerResult:
+    """Quick-bench several libraries (a sweep's settings) in ONE judge: each library still in a runner
+    of its own, started together, timed one after another (no comparators). A judge's start (its
+    torch import and device context, seconds on the H200) is paid once per batch, not per setting.
+    The answer's `benches`/`bench_errors` hold one entry per library, in order."""
+    names = [s.name for s in task.bench_shapes] if shapes is None else shapes
+    req = WorkerRequest(kind="bench", task_dir=str(trusted_dir or task.root), libs=list(libs), shapes=names,
+                        seed=secrets.randbits(62), comparators=False, max_seconds=seconds_per_shape)
+    budget = len(libs) * len(names) * seconds_per_shape
+    return run_worker(req, timeout=worker_timeout(task, extra=4 * budget + 60))
+
+
 def run_bench(task: Task, lib: str | None, shapes: list[str] | None = None, comparators: bool = True,
               seconds_per_shape: float = BENCH_SECONDS_PER_SHAPE, trusted_dir: Path | None = None,
               standby: JudgeStandby | None = None) -> WorkerResult:

@@ -201,7 +201,7 @@ class WorkerRequest(BaseModel):
     # gate: check the candidate, then (if it passes) ab; e2e: the task's end-to-end training check
     kind: Literal["check", "bench", "ab", "gate", "probe", "e2e"]
     task_dir: str  # trusted manifest + spec come from here
-    libs: list[str] = Field(default_factory=list)  # check/bench: [lib]; ab and gate: [best, candidate]
+    libs: list[str] = Field(default_factory=list)  # check: [lib]; bench: [lib, ...]; ab and gate: [best, candidate]
     shapes: list[str] = Field(default_factory=list)
     check_shapes: list[str] = Field(default_factory=list)  # gate: the shapes to check (shapes: to time)
     seed: int = 0
@@ -246,3 +246,6 @@ class WorkerResult(BaseModel):
     e2e: E2EReport | None = None
     trials: list[ABReport] = Field(default_factory=list)  # ab with trials > 1: one report per trial
     trial_seconds: list[float] = Field(default_factory=list)  # wall seconds of each trial in the judge
+    # bench of several libraries (a sweep): per library, in request order, its report or why it has none
+    benches: list[BenchReport | None] = Field(default_factory=list)
+    bench_errors: list[str | None] = Field(default_factory=list)

@@ -302,6 +302,10 @@ class Runner:
             self.proc.wait()
 
     def close(self) -> None:
+        """Idempotent: a second close must not close fd numbers the process has since reused."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
         if self.proc.poll() is None:
             try:
                 self.request("exit", timeout=5, keep_running=True)

@@ -19,7 +19,7 @@ from tools.task import KnobValue, Task, TaskError
 from tools import stats
 from tools.build import build
 from tools.fmt import fmt_ms
-from tools.evaluate import run_bench, unsandboxed_refusal
+from tools.evaluate import run_bench, run_bench_many, unsandboxed_refusal
 
 
 # how a sweep ranks (every sweep table and anything quoting a sweep says so): not the gate's measurement
@@ -100,37 +100,69 @@ def sweep(task: Task, configs: list[dict[str, Any]], src_root: Path | None = Non
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         built = list(pool.map(build_one, settings))
-    rows = []
+    rows: list[SweepRow | None] = []
+    timeable = []  # (row index, library) of the settings that built and may be loaded
     for knobs, consts, result, error in built:
-        rows.append(_time_one(task, knobs, consts, result, error, trusted_dir, shapes, seconds_per_shape))
-        if on_row:
-            on_row(len(rows), len(built), rows[-1])
+        full = result.knobs if result else knobs
+        if result is None or not result.ok:
+            rows.append(SweepRow(knobs=full, defines=consts, ok=False,
+                                 error=error or (result.error_text()[:500] if result else "")))
+            continue
+        refused = unsandboxed_refusal(task, result)  # no sandbox: nothing the gate's audit refuses is loaded
+        if refused:
+            rows.append(SweepRow(knobs=full, defines=consts, ok=False, error=refused[:500]))
+            continue
+        rows.append(None)
+        timeable.append((len(rows) - 1, result, full, consts))
+    shown = 0
+
+    def show_ready() -> None:  # progress in setting order, as each row is known
+        nonlocal shown
+        while shown < len(rows) and rows[shown] is not None:
+            shown += 1
+            if on_row:
+                on_row(shown, len(built), rows[shown - 1])
+
+    show_ready()
+    for start in range(0, len(timeable), JUDGE_BATCH):
+        batch = timeable[start:start + JUDGE_BATCH]
+        res = (run_bench_many(task, [r.lib for _, r, _, _ in batch], shapes=shapes, seconds_per_shape=seconds_per_shape,
+                              trusted_dir=trusted_dir) if len(batch) > 1 else None)
+        for j, (i, result, full, consts) in enumerate(batch):
+            if res is None:  # one setting: the ordinary bench
+                one = run_bench(task, result.lib, shapes=shapes, comparators=False, seconds_per_shape=seconds_per_shape,
+                                trusted_dir=trusted_dir)
+                report, error = one.bench, one.error
+            elif res.ok:
+                report = res.benches[j] if j < len(res.benches) else None
+                error = res.bench_errors[j] if j < len(res.bench_errors) else "no answer for this setting"
+            else:  # the judge itself failed: every setting of the batch says why
+                report, error = None, res.error
+            device = (one if res is None else res).device
+            rows[i] = _row(task, full, consts, result, report, error, device)
+        show_ready()
     return sorted(rows, key=lambda r: (not r.ok, r.score if r.score is not None else math.inf))
 
 
-def _time_one(task: Task, knobs, consts, result, error, trusted_dir, shapes, seconds_per_shape) -> SweepRow:
-    """Time one built setting in a fresh worker."""
-    full = result.knobs if result else knobs
-    if result is None or not result.ok:
-        return SweepRow(knobs=full, defines=consts, ok=False,
-                        error=error or (result.error_text()[:500] if result else ""))
-    refused = unsandboxed_refusal(task, result)  # no sandbox: nothing the gate's audit refuses is loaded
-    if refused:
-        return SweepRow(knobs=full, defines=consts, ok=False, error=refused[:500])
-    res = run_bench(task, result.lib, shapes=shapes, comparators=False, seconds_per_shape=seconds_per_shape,
-                    trusted_dir=trusted_dir)
-    row = SweepRow(knobs=full, defines=consts, ok=res.ok and res.bench is not None,
+# settings quick-benched per judge: each has a runner of its own (a process holding torch and, on a
+# GPU, a device context), all started together
+JUDGE_BATCH = 8
+
+
+def _row(task: Task, knobs, consts, result, report, error, device) -> SweepRow:
+    """A timed setting's row: its bench report (None: `error` says why)."""
+    row = SweepRow(knobs=knobs, defines=consts, ok=report is not None,
                    registers={k.name: k.registers for k in result.kernels},
                    spills=sum(k.spill_store_bytes + k.spill_load_bytes for k in result.kernels),
-                   device=res.device.label() if res.device else None)
-    if res.bench:
-        errors = [f"{s.shape}: {s.error}" for s in res.bench.shapes if s.error]
-        row.times = {s.shape: s.kernel.median for s in res.bench.shapes if s.kernel}
+                   device=device.label() if device else None)
+    if report is not None:
+        errors = [f"{s.shape}: {s.error}" for s in report.shapes if s.error]
+        row.times = {s.shape: s.kernel.median for s in report.shapes if s.kernel}
         row.score = weighted_geomean(task, row.times)
         if errors:
             row.ok, row.error = False, "; ".join(errors)[:500]
     else:
-        row.error = res.error
+        row.error = error
     return row
 
 

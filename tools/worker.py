@@ -80,6 +80,8 @@ class Judge:
 
 
 def runner_names(kind: str, libs: list[str]) -> list[str]:
+    if kind == "bench" and len(libs) > 1:  # a sweep: one runner per library, each library in its own process
+        return [f"cand{i}" for i in range(len(libs))]
     return {"check": ["cand"], "bench": ["cand"] if libs else [], "ab": ["best", "cand"],
             "gate": ["best", "cand"], "e2e": ["cand"]}.get(kind, [])
 
@@ -100,6 +102,8 @@ def serve(req: WorkerRequest, judge: Judge | None = None, loaded_marker: Path | 
         if judge is None:
             judge = Judge(task, names, Path(scratch))  # starts the runners, then imports torch
         else:
+            if set(names) - set(judge.runners):  # a standby holds "best" and "cand" only
+                raise ValueError(f"a pre-started judge cannot serve runners {sorted(set(names) - set(judge.runners))}")
             for n in [n for n in judge.runners if n not in names]:  # pre-started, never given a library
                 judge.runners.pop(n).close()
         from tools.remote import RemoteLib, RunnerError, start_runners
@@ -110,11 +114,15 @@ def serve(req: WorkerRequest, judge: Judge | None = None, loaded_marker: Path | 
             stages["start"] = round(time.monotonic() - t0, 3)
             t1 = time.monotonic()
             libs = [RemoteLib(runners[n], arena, device, timer, call_timeout(task), task.manifest.threads) for n in names]
-            try:
-                for lib, path in zip(libs, req.libs):
+            many = req.kind == "bench" and len(req.libs) > 1
+            load_errors: list[str | None] = [None] * len(libs)
+            for i, (lib, path) in enumerate(zip(libs, req.libs)):
+                try:
                     lib.load(task.spec_path, path, LOAD_TIMEOUT_S)
-            except RunnerError as exc:
-                return WorkerResult(ok=False, device=info, error=f"the library did not load: {exc}", stage_seconds=stages)
+                except RunnerError as exc:
+                    if not many:
+                        return WorkerResult(ok=False, device=info, error=f"the library did not load: {exc}", stage_seconds=stages)
+                    load_errors[i] = f"the library did not load: {exc}"  # that library's row only
             stages["load"] = round(time.monotonic() - t1, 3)
             if loaded_marker is not None:
                 loaded_marker.write_text(f"{time.monotonic() - t0:.3f}\n")
@@ -152,6 +160,25 @@ def serve(req: WorkerRequest, judge: Judge | None = None, loaded_marker: Path | 
                 report = e2e_in_process(task, spec, libs[0], req.seed, device, arena)
                 stages["e2e"] = round(time.monotonic() - t2, 3)
                 return result(ok=True, e2e=report)
+            if many:  # a sweep's libraries timed one after another in this one judge, each in its runner
+                from tools.bench import bench_in_process
+
+                t2 = time.monotonic()
+                benches, errors = [], []
+                for lib, load_error in zip(libs, load_errors):
+                    report, error = None, load_error
+                    if error is None:
+                        try:
+                            report = bench_in_process(task, spec, lib, req.shapes, req.seed, device, req.max_seconds,
+                                                      req.comparators, arena, timer)
+                        except RunnerError as exc:  # it crashed or hung: its row says so, the others are timed
+                            error = f"timing stopped: {exc}"
+                        finally:
+                            lib.runner.close()  # done with: its process (and memory) gone before the next is timed
+                    benches.append(report)
+                    errors.append(error)
+                stages["timing"] = round(time.monotonic() - t2, 3)
+                return result(ok=True, benches=benches, bench_errors=errors)
             if req.kind == "bench":
                 from tools.bench import bench_in_process
 
