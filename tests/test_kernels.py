@@ -18,6 +18,7 @@ from tests.fakes import KERNELS  # noqa: E402
 from tools.build import BuildResult  # noqa: E402
 from tools.spec import load_spec  # noqa: E402
 from tools.task import MANIFEST, Task, find_tasks, load_task  # noqa: E402
+from tools.triton_build import triton_version  # noqa: E402
 
 TASK_DIRS = find_tasks(KERNELS)
 CPU = torch.device("cpu")
@@ -139,6 +140,10 @@ def test_shipped_sources_pass_the_gates_static_rules(name):
 
     folder = Path(__file__).resolve().parents[1] / "kernels" / name
     gate = Gate(folder, name)
+    if gate.task.target == "triton" and triton_version() is None:
+        # the rules resolve `tl.` names in triton.language itself: without it they refuse, rightly
+        gate.close()
+        pytest.skip("triton is not installed (pip install -e '.[triton]')")
     try:
         editable = [f"{name}/{rel}" for rel in gate.task.editable_files(folder)]
         assert editable, name
