@@ -498,10 +498,19 @@ class Gate:
         problem = self.integrity_problem(ab)
         if problem is not None:
             stage, reason = problem
-            # an undecided integrity layer (a speedup not finite) advises twice the seconds, as its text says
-            seconds = self._longer_gate(ab) if stage == "undecided" and "the speedup is not finite" in reason else None
+            # the one undecided integrity layer a longer gate can settle (a speedup not finite; the only
+            # one reached with it) advises twice the seconds, as its text says
+            seconds = self._longer_gate(ab) if stage == "undecided" and self._speedup_not_finite(ab) else None
             return Verdict(accepted=False, stage=stage, **common, reason=reason, decide_seconds=seconds)
         return self._speed_verdict(ab, crit, common)
+
+    @staticmethod
+    def _speedup_not_finite(ab: ABReport) -> bool:
+        """Enough passes, yet a speedup or bound (overall or of a shape) that is not finite and positive."""
+        from tools.ab import MIN_PASSES
+
+        return ab.passes >= MIN_PASSES and not all(_finite(x) and x > 0 for x in (
+            ab.speedup, ab.speedup_lo, ab.speedup_hi, *(v for s in ab.shapes for v in (s.speedup, s.speedup_lo, s.speedup_hi))))
 
     def _longer_gate(self, ab: ABReport) -> int:
         """Twice the seconds this timing took (the cap where it did not say), at most the most a gate may take."""
@@ -568,10 +577,7 @@ class Gate:
                 f"of which after return {fmt_us(s.after_return_b)} vs {fmt_us(s.after_return_a)} "
                 f"(timed {fmt_us(s.time_b)} vs {fmt_us(s.time_a)}; wall until idle {fmt_us(s.wall_b)} vs {fmt_us(s.wall_a)}; "
                 f"{s.probes} cold probes each)" for s in escaped)
-        from tools.ab import MIN_PASSES
-
-        if ab.passes >= MIN_PASSES and not all(_finite(x) and x > 0 for x in (ab.speedup, ab.speedup_lo, ab.speedup_hi,
-                                                  *(v for s in ab.shapes for v in (s.speedup, s.speedup_lo, s.speedup_hi)))):
+        if self._speedup_not_finite(ab):
             return "undecided", (
                 f"{UNDECIDED}: the speedup is not finite and positive. To decide: re-submit the same change with a longer "
                 f"gate (--gate-seconds {self._longer_gate(ab)}; MCP: gate_seconds={self._longer_gate(ab)})")
