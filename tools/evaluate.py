@@ -70,7 +70,13 @@ def run_bench_many(task: Task, libs: list[str], shapes: list[str] | None = None,
     """Quick-bench several libraries (a sweep's settings) in ONE judge: each library still in a runner
     of its own, started together, timed one after another (no comparators). A judge's start (its
     torch import and device context, seconds on the H200) is paid once per batch, not per setting.
-    The answer's `benches`/`bench_errors` hold one entry per library, in order."""
+    The answer's `benches`/`bench_errors` hold one entry per library, in order (one library: the
+    ordinary bench, its answer in the same form)."""
+    if len(libs) == 1:
+        one = run_bench(task, libs[0], shapes=shapes, comparators=False, seconds_per_shape=seconds_per_shape,
+                        trusted_dir=trusted_dir)
+        return one.model_copy(update={"ok": True, "benches": [one.bench],
+                                      "bench_errors": [None if one.bench else one.error]})
     names = [s.name for s in task.bench_shapes] if shapes is None else shapes
     req = WorkerRequest(kind="bench", task_dir=str(trusted_dir or task.root), libs=list(libs), shapes=names,
                         seed=secrets.randbits(62), comparators=False, max_seconds=seconds_per_shape)

@@ -19,7 +19,7 @@ from tools.task import KnobValue, Task, TaskError
 from tools import stats
 from tools.build import build
 from tools.fmt import fmt_ms
-from tools.evaluate import run_bench, run_bench_many, unsandboxed_refusal
+from tools.evaluate import run_bench_many, unsandboxed_refusal
 
 
 # how a sweep ranks (every sweep table and anything quoting a sweep says so): not the gate's measurement
@@ -101,7 +101,7 @@ def sweep(task: Task, configs: list[dict[str, Any]], src_root: Path | None = Non
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         built = list(pool.map(build_one, settings))
     rows: list[SweepRow | None] = []
-    timeable = []  # (row index, library) of the settings that built and may be loaded
+    timeable = []  # (row index, build, knobs, defines) of the settings that built and may be loaded
     for knobs, consts, result, error in built:
         full = result.knobs if result else knobs
         if result is None or not result.ok:
@@ -126,20 +126,15 @@ def sweep(task: Task, configs: list[dict[str, Any]], src_root: Path | None = Non
     show_ready()
     for start in range(0, len(timeable), JUDGE_BATCH):
         batch = timeable[start:start + JUDGE_BATCH]
-        res = (run_bench_many(task, [r.lib for _, r, _, _ in batch], shapes=shapes, seconds_per_shape=seconds_per_shape,
-                              trusted_dir=trusted_dir) if len(batch) > 1 else None)
+        res = run_bench_many(task, [r.lib for _, r, _, _ in batch], shapes=shapes, seconds_per_shape=seconds_per_shape,
+                             trusted_dir=trusted_dir)
         for j, (i, result, full, consts) in enumerate(batch):
-            if res is None:  # one setting: the ordinary bench
-                one = run_bench(task, result.lib, shapes=shapes, comparators=False, seconds_per_shape=seconds_per_shape,
-                                trusted_dir=trusted_dir)
-                report, error = one.bench, one.error
-            elif res.ok:
+            if res.ok:
                 report = res.benches[j] if j < len(res.benches) else None
                 error = res.bench_errors[j] if j < len(res.bench_errors) else "no answer for this setting"
             else:  # the judge itself failed: every setting of the batch says why
                 report, error = None, res.error
-            device = (one if res is None else res).device
-            rows[i] = _row(task, full, consts, result, report, error, device)
+            rows[i] = _row(task, full, consts, result, report, error, res.device)
         show_ready()
     return sorted(rows, key=lambda r: (not r.ok, r.score if r.score is not None else math.inf))
 
