@@ -65,20 +65,3 @@ def test_compare_agrees_with_an_fp64_oracle(label, got, want, atol, rtol, norm_r
     if not err.passed and err.mismatches:
         w = want.double().flatten()[math.prod(err.worst_index) if len(err.worst_index) == 1 else 0]
         assert len(err.worst_index) == 1 and err.worst_want == pytest.approx(float(w), nan_ok=True)
-
-
-def test_the_gpu_kernel_agrees_with_the_torch_version_under_the_interpreter():
-    """tools/fused_compare (the judge's one-pass comparison on CUDA) run on the CPU by Triton's interpreter:
-    on every case the same verdict, counts and figures as the torch version (tests/gpu checks it on a GPU)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    pytest.importorskip("triton", reason="triton is not installed (the [triton] extra)")
-    root = Path(__file__).resolve().parents[1]
-    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    done = subprocess.run([sys.executable, "-m", "tests.fused_compare_cases", "cpu"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert "all cases agree" in done.stdout

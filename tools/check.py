@@ -13,7 +13,6 @@ import time
 
 import torch
 
-from tools import fused_compare
 from tools.task import Task
 from tools.protocol import CheckReport, OutputError, ShapeCheck
 from tools.spec import Spec
@@ -91,12 +90,6 @@ def compare(name: str, got: torch.Tensor | None, want: torch.Tensor, atol: float
     numel = want.numel()
     if numel == 0:
         return OutputError(name=name, passed=True, numel=0)
-    if fused_compare.usable(got, want):  # one pass on the GPU; a failure is reported by the torch version
-        figures = fused_compare.figures(got, want, atol, rtol)
-        if figures is not None:
-            err = _error_of(name, figures, numel, norm_rtol)
-            if err.passed:
-                return err
     dt = torch.float32 if got.dtype in _NARROW_FLOATS and want.dtype in _NARROW_FLOATS else torch.float64
     g = got.detach().to(want.device, dt).flatten()
     w = want.detach().to(dt).flatten()
@@ -119,24 +112,19 @@ def compare(name: str, got: torch.Tensor | None, want: torch.Tensor, atol: float
         torch.linalg.vector_norm(torch.where(ref_finite, w, 0.0)).to(torch.float64),
         torch.linalg.vector_norm(finite_diff).to(torch.float64),
         ref_finite.any().to(torch.float64)]).tolist()
-    err = _error_of(name, stats, numel, norm_rtol)
-    if not err.passed:  # where it is worst: the element furthest outside its bound (or the largest error)
+    nonfinite, mismatches = int(stats[0]), int(stats[1])
+    any_finite = bool(stats[6])
+    max_abs, max_rel = (stats[2], stats[3]) if any_finite else (0.0, 0.0)
+    ref_norm, err_norm = stats[4], stats[5]
+    norm_rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
+    passed = nonfinite == 0 and mismatches == 0 and (norm_rtol is None or norm_rel <= norm_rtol)
+    err = OutputError(name=name, passed=passed, max_abs=max_abs, max_rel=max_rel, norm_rel=norm_rel,
+                      nonfinite=nonfinite, mismatches=mismatches, numel=numel)
+    if not passed:  # where it is worst: the element furthest outside its bound (or the largest error)
         worst = int(torch.argmax(torch.where(bad, diff / bound.clamp_min(torch.finfo(dt).tiny), diff)))
         err.worst_index = list(_unravel(worst, tuple(want.shape)))
         err.worst_got, err.worst_want = float(g[worst]), float(w[worst])
     return err
-
-
-def _error_of(name: str, stats: list[float], numel: int, norm_rtol: float | None) -> OutputError:
-    """The verdict on one output from its figures: [non-finite outputs, out of bound, max abs diff, max rel
-    diff, |ref| over finite references, |diff| there, any finite reference]."""
-    nonfinite, mismatches = int(stats[0]), int(stats[1])
-    max_abs, max_rel = (stats[2], stats[3]) if stats[6] else (0.0, 0.0)
-    ref_norm, err_norm = stats[4], stats[5]
-    norm_rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
-    passed = nonfinite == 0 and mismatches == 0 and (norm_rtol is None or norm_rel <= norm_rtol)
-    return OutputError(name=name, passed=passed, max_abs=max_abs, max_rel=max_rel, norm_rel=norm_rel,
-                       nonfinite=nonfinite, mismatches=mismatches, numel=numel)
 
 
 def _unravel(flat: int, shape: tuple[int, ...]):

@@ -55,17 +55,9 @@ class Judge:
 
         self.device = torch.device("cuda" if task.on_gpu else "cpu")
         self.arena = SharedArena(self.device)
-        self.compare_warm_s: float | None = None  # seconds to load the GPU's one-pass comparison, where in use
         if self.device.type == "cuda":
             torch.cuda.set_device(0)
             torch.zeros(1, device=self.device)  # the CUDA context, now rather than at the first input
-            from tools import fused_compare
-
-            # the re-checks' one-pass comparison, compiled and loaded before any library is: no runner
-            # code has run yet, and none can reach a kernel already in memory (tools/fused_compare.warm)
-            t = time.monotonic()
-            fused_compare.warm(self.device)
-            self.compare_warm_s = round(time.monotonic() - t, 3) if fused_compare.usable_on(self.device) else None
         else:  # no idle OpenMP threads of ours competing with the timed calls
             torch.set_num_threads(1)
             # out of the runners' reach (/proc/<judge>/mem, fd/): the seed, references and verdict live here.
@@ -120,8 +112,6 @@ def serve(req: WorkerRequest, judge: Judge | None = None, loaded_marker: Path | 
         runners, arena, timer, spec, info = judge.runners, judge.arena, judge.timer, judge.spec, judge.info
         try:
             stages["start"] = round(time.monotonic() - t0, 3)
-            if judge.compare_warm_s is not None:  # where the GPU's one-pass comparison is in use
-                stages["compare kernel (in start)"] = judge.compare_warm_s
             t1 = time.monotonic()
             libs = [RemoteLib(runners[n], arena, device, timer, call_timeout(task), task.manifest.threads) for n in names]
             many = req.kind == "bench" and len(req.libs) > 1
