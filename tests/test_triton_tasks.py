@@ -58,7 +58,7 @@ def test_knobs_change_the_build_and_the_key(shipped, tmp_path):
     from tools.triton_build import load_bundle
 
     rec = load_bundle(other.lib)["kernels"][0]
-    assert rec["constexprs"] == {"BLOCK": 4096} and rec["num_warps"] == 8 and rec["num_stages"] == 1
+    assert rec["constexprs"] == {"BLOCK": 4096, "ROW_IN_REGISTERS": 0} and rec["num_warps"] == 8 and rec["num_stages"] == 1
     assert rec["types"][0] == "*bf16:16" and rec["extra_params"] in (0, 1, 2)
     from tools.build import code_digest
 

@@ -66,7 +66,8 @@ class TunerPolicy:
         space = self._knobs(ctx)
         if not space["knobs"]:
             return []
-        if space["space"] <= EXHAUSTIVE_MAX:
+        # every setting when the space is small and the trials asked cover it; else `trials` of them by TPE
+        if space["space"] <= min(EXHAUSTIVE_MAX, self.trials):
             names = sorted(space["knobs"])
             configs = [dict(zip(names, combo)) for combo in itertools.product(*(space["knobs"][n] for n in names))]
             self.console.print(f"[bold]tuner[/]: exhaustive sweep of {len(configs)} knob settings")
