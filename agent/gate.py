@@ -640,14 +640,19 @@ class Gate:
             gap = abs(math.log(s) - math.log(threshold))
             return math.inf if gap < 1e-9 else max(1.0, (half / gap) ** 2)
 
-        factors = [factor(ab.speedup, ab.speedup_lo, ab.speedup_hi, needed)]
-        factors += [factor(s.speedup, s.speedup_lo, s.speedup_hi, allowed[s.shape]) for s in maybe_regressed]
-        grow = max(factors) * 1.2  # a margin: the estimate moves too
+        # (factor, what straddles which threshold): the workload's gain, then each shape's allowance
+        factors = [(factor(ab.speedup, ab.speedup_lo, ab.speedup_hi, needed),
+                    f"the estimate x{ab.speedup:.4f} sits too close to the threshold x{needed:.3f}")]
+        factors += [(factor(s.speedup, s.speedup_lo, s.speedup_hi, allowed[s.shape]),
+                     f"{s.shape}'s estimate x{s.speedup:.4f} sits too close to its allowance x{allowed[s.shape]:.3f}")
+                    for s in maybe_regressed]
+        worst, binding = max(factors, key=lambda f: f[0])
+        grow = worst * 1.2  # a margin: the estimate moves too
         spent = ab.timing_seconds if _finite(ab.timing_seconds) and ab.timing_seconds > 0 else self.config.max_seconds
         want = spent * grow
         if want > MAX_GATE_SECONDS:
-            return None, (f"To decide: even --gate-seconds {MAX_GATE_SECONDS} (the most) would likely not: the estimate "
-                    f"x{ab.speedup:.4f} sits too close to the threshold x{needed:.3f} for this machine's spread "
+            return None, (f"To decide: even --gate-seconds {MAX_GATE_SECONDS} (the most) would likely not: "
+                    f"{binding} for this machine's spread "
                     f"(about {grow:.0f}x the {ab.pairs} pairs would be needed). Make the change larger, or move on")
         seconds = min(MAX_GATE_SECONDS, max(math.ceil(want), math.floor(spent) + 1))
         return seconds, (f"To decide: re-submit the same change with --gate-seconds {seconds} (MCP: gate_seconds={seconds}): "

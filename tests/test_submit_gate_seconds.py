@@ -180,3 +180,20 @@ def test_a_slower_change_dressed_up_is_refused_by_its_code(service):
     again = service.call("submit", {"title": "Same code, a comment more", "gate_seconds": 10})
     assert again.event == "refused" and "builds to this same code" in again.text and f"attempt {number} " in again.text, again.text
     assert len(_attempts(service)) == before + spent
+
+
+def test_move_on_advice_names_the_threshold_that_binds(gate):
+    """A clear overall gain held back by one shape whose interval straddles its allowance: the advice names
+    that shape and its allowance, not the overall estimate (x1.15 is nowhere near x1.010)."""
+    from types import SimpleNamespace
+
+    ab = SimpleNamespace(speedup=1.15, speedup_lo=1.04, speedup_hi=1.27, timing_seconds=9.2, pairs=594)
+    wide = SimpleNamespace(shape="8192x2048", speedup=0.9705, speedup_lo=0.90, speedup_hi=1.05)
+    seconds, advice = gate.undecided_advice(ab, 1.01, [wide], {"8192x2048": 0.970})
+    assert seconds is None and "would likely not" in advice, advice
+    assert "8192x2048's estimate x0.9705 sits too close to its allowance x0.970" in advice, advice
+    assert "x1.1500 sits too close" not in advice
+    # the overall estimate binds where it is the one near its threshold
+    seconds, advice = gate.undecided_advice(SimpleNamespace(speedup=1.0101, speedup_lo=0.99, speedup_hi=1.03,
+                                                            timing_seconds=2.0, pairs=100), 1.01, [], {})
+    assert seconds is None and "the estimate x1.0101 sits too close to the threshold x1.010" in advice, advice
