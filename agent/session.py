@@ -91,23 +91,31 @@ def timed_looks(events: list, best_commit: str, base_commit: str) -> int:
     return sum(1 for a in attempts if best_at[a.number] == best_commit and a.figures.get("timing_seed") is not None)
 
 
-def recorded_best_times(events: list, commit: str) -> dict[str, float]:
-    """The per-shape seconds per call `commit` had when it became the best, from the run record: the
-    accepted verdict committed as it (the candidate's times there), else the first baseline measured
-    at it (the bench medians). {} when the record has none. The gate compares the best's time in every
-    later decision with these (sabotage of the best), in whichever process decides."""
-    for a in RunState.fold(events).attempts:
+def recorded_best_times(events: list, commit: str, base_commit: str) -> dict[str, float]:
+    """The per-shape seconds per call `commit` had by the gate's own method (paired, flushed timing): the
+    accepted verdict committed as it (the candidate's times there), else the first timed decision
+    judged against it (the best's times there). {} when the record has none. The gate compares the best's
+    time in every later decision with these (sabotage of the best), in whichever process decides.
+    Never the quick bench's medians: another method (other sample sizes, calls per sample, input sets),
+    whose 13 us shape on the H200 read far faster than the gate's paired time of the same build, so
+    every decision against a baseline was called "best slower than its baseline" (2026-12-03)."""
+    attempts = RunState.fold(events).attempts
+    for a in attempts:
         if a.accepted and a.commit == commit:
-            shapes = (a.figures.get("ab") or {}).get("shapes") or []
-            return {str(s["shape"]): float(s["time_b"]) for s in shapes
-                    if isinstance(s, dict) and s.get("shape") and isinstance(s.get("time_b"), (int, float))}
-    for ev in events:
-        if isinstance(ev, rec.Baseline) and ev.commit == commit:
-            shapes = ((ev.figures or {}).get("bench") or {}).get("shapes") or []
-            return {str(s["shape"]): float(s["kernel"]["median"]) for s in shapes
-                    if isinstance(s, dict) and s.get("shape") and isinstance(s.get("kernel"), dict)
-                    and isinstance(s["kernel"].get("median"), (int, float))}
+            return _shape_times(a.figures, "time_b")
+    best_at = judged_against(attempts, base_commit)
+    for a in attempts:
+        if best_at[a.number] == commit and a.figures.get("timing_seed") is not None:
+            times = _shape_times(a.figures, "time_a")
+            if times:
+                return times
     return {}
+
+
+def _shape_times(figures: dict, side: str) -> dict[str, float]:
+    shapes = (figures.get("ab") or {}).get("shapes") or []
+    return {str(s["shape"]): float(s[side]) for s in shapes
+            if isinstance(s, dict) and s.get("shape") and isinstance(s.get(side), (int, float)) and s[side] > 0}
 
 
 def _sandbox_status(required: bool) -> SandboxStatus:
@@ -452,7 +460,7 @@ class Session:
         best = self.best_commit
         events = self.events()
         looks = timed_looks(events, best, self.record.info.base_commit)
-        best_times = recorded_best_times(events, best)
+        best_times = recorded_best_times(events, best, self.record.info.base_commit)
         try:
             for i, item in enumerate(items):
                 knobs = item.get("knobs") or {}
@@ -579,7 +587,8 @@ class Session:
         events = self.events()
         # the record, not this process's memory: a `kloop submit` or MCP process sees the same best times and looks
         if self.best_build is not None and self.best_build.lib:
-            self.gate.remember_times(self.best_build.lib, recorded_best_times(events, self.best_commit))
+            self.gate.remember_times(self.best_build.lib, recorded_best_times(events, self.best_commit,
+                                                                                self.record.info.base_commit))
         look = 1 + timed_looks(events, self.best_commit, self.record.info.base_commit)
         try:
             return self.gate.evaluate(Candidate(self.ws.task_path, changed), self.best_build, max_seconds=gate_seconds,

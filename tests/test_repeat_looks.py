@@ -53,15 +53,21 @@ def test_timed_looks_count_every_timed_decision_against_the_same_best():
     assert timed_looks(events, "c5", "base") == 1
 
 
-def test_the_best_times_come_from_the_record():
+def test_the_best_times_come_from_the_record_by_the_gates_own_method():
     events = [rec.Baseline(commit="base", figures={"bench": {"shapes": [
         {"shape": "sq192", "kernel": {"median": 3e-3}}, {"shape": "wide", "kernel": {"median": 1e-3}}]}})]
-    events += [rec.Baseline(commit="base", figures={"bench": {"shapes": [{"shape": "sq192", "kernel": {"median": 9.0}}]}})]
-    events += _attempt(1, "base", {"stage": "accepted", "timing_seed": 1, "ab": AB}, accepted=True, commit="c1")
-    # the first baseline measured at the base (a later one cannot raise the bar), and the accepted verdict's own times
-    assert recorded_best_times(events, "base") == {"sq192": 3e-3, "wide": 1e-3}
-    assert recorded_best_times(events, "c1") == {"sq192": 1.5e-3, "wide": 0.7e-3}
-    assert recorded_best_times(events, "unknown") == {}
+    # the quick bench's medians are another method: no reference from them
+    assert recorded_best_times(events, "base", "base") == {}
+    events += _attempt(1, "base", {"stage": "check"})  # not timed: no times
+    first = {"shapes": [{"shape": "sq192", "time_a": 3.1e-3, "time_b": 3.0e-3}, {"shape": "wide", "time_a": 1.1e-3}]}
+    events += _attempt(2, "base", {"stage": "undecided", "timing_seed": 7, "ab": first})
+    later = {"shapes": [{"shape": "sq192", "time_a": 9.0, "time_b": 9.0}]}
+    events += _attempt(3, "base", {"stage": "timing", "timing_seed": 8, "ab": later})
+    # the first timed decision against the base: the best's own paired times (a later one cannot raise the bar)
+    assert recorded_best_times(events, "base", "base") == {"sq192": 3.1e-3, "wide": 1.1e-3}
+    events += _attempt(4, "base", {"stage": "accepted", "timing_seed": 1, "ab": AB}, accepted=True, commit="c1")
+    assert recorded_best_times(events, "c1", "base") == {"sq192": 1.5e-3, "wide": 0.7e-3}  # the accepted verdict's
+    assert recorded_best_times(events, "unknown", "base") == {}
 
 
 def test_resubmitting_an_aa_change_until_accepted_stays_within_the_budget():
@@ -95,7 +101,9 @@ def test_a_new_process_judges_with_the_records_best_times_and_look_count(tmp_pat
                                                                        {"shape": "wide", "kernel": {"median": 1e-3}}]}})
     for n in (1, 2):  # two timed decisions against this best, made by an earlier process
         first.log("attempt_started", attempt=n, title=f"try {n}", best_commit=best)
-        first.log("verdict", attempt=n, accepted=False, reason="undecided", figures={"stage": "undecided", "timing_seed": n})
+        ab = {"shapes": [{"shape": "sq192", "time_a": 2e-3 * n, "time_b": 2e-3}, {"shape": "wide", "time_a": 1e-3 * n}]}
+        first.log("verdict", attempt=n, accepted=False, reason="undecided",
+                  figures={"stage": "undecided", "timing_seed": n, "ab": ab})
     first.close()
 
     other = Session.open(first.record.dir, lock=False)
@@ -112,4 +120,5 @@ def test_a_new_process_judges_with_the_records_best_times_and_look_count(tmp_pat
         other._evaluate_or_record_interrupt(3, [], None)
     finally:
         other.close()
+    # the best's times in the first timed decision against it (the gate's method, not the bench's medians)
     assert seen == {"times": {"sq192": 2e-3, "wide": 1e-3}, "look": 3}
