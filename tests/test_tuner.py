@@ -55,6 +55,29 @@ def test_large_knob_spaces_are_sampled_with_tpe(tmp_path, monkeypatch):
     assert rows == sorted(rows, key=lambda r: r.score)
 
 
+def test_fewer_trials_than_settings_are_sampled_not_swept(monkeypatch):
+    """`trials` bounds the settings evaluated even in a space under EXHAUSTIVE_MAX: 3 trials of a 6-setting
+    space go to TPE (a 30-setting Triton sweep asked for 12 once ran all 30 on the H200)."""
+    from agent.policies import tuner as tuner_mod
+
+    calls = []
+
+    class Box:
+        def call(self, name, args):
+            from tools.base import ToolResult
+
+            assert name == "knobs"
+            return ToolResult(text="", data={"current": {"A": 0, "B": 0}, "knobs": {"A": [0, 1, 2], "B": [0, 1]}, "space": 6})
+
+    ctx = type("Ctx", (), {"toolbox": Box()})()
+    monkeypatch.setattr(TunerPolicy, "_sweep", lambda self, c, configs: calls.append(("sweep", len(configs))) or [])
+    monkeypatch.setattr(TunerPolicy, "_sample", lambda self, c, space: calls.append(("sample", self.trials)) or [])
+    assert tuner_mod.EXHAUSTIVE_MAX >= 6
+    TunerPolicy(trials=3).rank(ctx)
+    TunerPolicy(trials=6).rank(ctx)
+    assert calls == [("sample", 3), ("sweep", 6)]
+
+
 def _ranked_ctx(submit):
     """A policy context whose record holds a sweep ranking of K=0 (the current setting, 3.0), K=1 (1.0)
     and K=2 (2.0); `submit(args)` answers each submit call."""
