@@ -980,14 +980,14 @@ def compare(run_a: str = typer.Argument(..., help="Run id or folder."), run_b: s
     for v in views:
         head.add_column(v.run_id)
     for label, get in (("task", lambda v: v.task), ("device", lambda v: v.device + (f", driver {v.driver}" if v.driver else "")),
-                       ("compiler", lambda v: v.compiler or "-"), ("policy", lambda v: v.policy), ("state", lambda v: v.state),
+                       ("compiler", lambda v: v.compiler or "-"), ("driven by", lambda v: v.driven_by), ("state", lambda v: v.state),
                        ("result", lambda v: f"x{v.best_speedup:.3f} ({len(v.accepted)}/{len(v.attempts)} accepted)")):
         head.add_row(label, *[get(v) for v in views])
     console.print(head)
     table = Table(title="attempts (matched by identical patch)", title_justify="left")
     table.add_column("title")
-    for v in views:
-        table.add_column(v.run_id[-24:])
+    for v in views:  # run ids whole: they are the handle every other command takes
+        table.add_column(v.run_id, min_width=len(v.run_id))
     for r in compare_rows(views):
         table.add_row(r["title"], *[(f"#{a.number} {a.verdict}" + (f" x{a.speedup:.4f} [{a.lo:.4f}, {a.hi:.4f}]" if a.speedup else "")
                                      + (f" ({a.stage})" if a.verdict != "accepted" and a.stage else "")) if a else "-" for a in r["cells"]])

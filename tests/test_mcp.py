@@ -189,6 +189,18 @@ def test_a_model_sees_the_whole_verdict(stdio_run):
     assert failures[0]["shape"] in text_of(broken) and failures[0]["shape"] in seen_broken
 
 
+def test_status_is_whole_and_the_record_names_the_client(stdio_run):
+    """`status` (like submit, read by Claude Code from its structuredContent only) carries its text; the
+    client's `initialize` name and version are a field of run.json that the views show as who drove it."""
+    from agent.run_view import load_view
+
+    status = stdio_run["status"]
+    assert status.structured_content["text"] == text_of(status) and "accepted" in model_sees(status)
+    info = RunRecord.open(stdio_run["run_dir"]).info
+    assert [(c.name, c.version, c.via) for c in info.clients] == [("pytest-mcp", "0.9", "mcp")]
+    assert load_view(stdio_run["run_dir"]).driven_by == "pytest-mcp 0.9 (over MCP)"
+
+
 def test_long_tools_send_progress(stdio_run):
     """A submit (seconds of building and timing) sends MCP progress notifications to a client that gave
     a progressToken: a client with a per-request timeout is kept waiting, not timed out."""

@@ -403,6 +403,28 @@ def test_compare_two_runs(browser, cpu_run, gpu_run, tmp_path):
     p.close()
 
 
+def test_compare_in_the_terminal_names_who_drove_and_whole_run_ids(tmp_path):
+    """`kloop compare`'s tables: the run ids whole (they were cut to their last 24 characters, from the
+    left) and who drove each run (the MCP client from run.json), not only the policy it was started as."""
+    runs = []
+    for name, client in (("20261129-101500-softmax-h200", None), ("20261130-090000-softmax-h200-replay", "claude-code")):
+        run = tmp_path / name
+        shutil.copytree(FIXTURE, run)
+        info = json.loads((run / "run.json").read_text())
+        info["run_id"] = name
+        if client:
+            info["policy"] = "cli"
+            info["clients"] = [{"name": client, "version": "2.1.332"}]
+        (run / "run.json").write_text(json.dumps(info))
+        runs.append(run)
+    res = CliRunner().invoke(app, ["compare", *map(str, runs)], env={"COLUMNS": "100"})
+    assert res.exit_code == 0, res.output
+    attempts = res.output[res.output.index("attempts (matched"):]
+    assert all(run.name in attempts for run in runs), attempts
+    (driven,) = [l for l in res.output.splitlines() if "driven by" in l]
+    assert "claude-code 2.1.332 (over MCP)" in driven and "claude " in driven.replace("claude-code", ""), driven
+
+
 def test_compare_matches_replayed_attempts_by_patch(gpu_run, tmp_path):
     """The same attempts recorded twice (a replay on another machine) line up row by row."""
     from agent.report_html import compare_rows
@@ -494,6 +516,21 @@ def test_plotted_values_are_the_records(browser, gpu_run, tmp_path):
     bench = {s["shape"]: s["kernel"]["median"] for e in events if e["kind"] == "baseline" for s in e["figures"]["bench"]["shapes"]}
     first = next(e for e in events if e["kind"] == "verdict" and e["accepted"])
     assert any(bench[s["shape"]] != s["time_a"] for s in first["figures"]["ab"]["shapes"])
+
+
+def test_compare_best_times_are_the_gate_s(tmp_path):
+    """compare's 'best time per bench shape' took its base from the quick bench and its best from the gate
+    (844.7 -> 709.3 us for two commits that compound to about x2.4): both ends and the x are the verdicts'."""
+    from agent.report_html import fmt_time, render_compare_body
+
+    html = render_compare_body([load_view(FIXTURE), load_view(EXAMPLE)])
+    for run in (FIXTURE, EXAMPLE):
+        shapes = gate_figures(run)[1]
+        assert shapes
+        for shape, series in shapes.items():
+            (_, base, _), (_, best, x) = series[0], series[-1]
+            assert f"{fmt_time(base)} → {fmt_time(best)} <b>x{x:.3f}</b>" in html, (run.name, shape)
+    assert "quick bench" not in html.split("Best time per bench shape")[1]
 
 
 @needs_browser

@@ -193,6 +193,29 @@ def test_a_spent_budget_refuses_before_anything_runs(tmp_path):
         svc.close()
 
 
+def test_a_cli_run_driven_over_mcp_names_its_client(tmp_path):
+    """A run started by `kloop session start` (policy cli) and driven by Claude Code through the
+    worktree's .mcp.json: its views said `policy cli` only. The client's name/version go into run.json
+    (once, however often it calls) and the views show it; the policy stays what started the run."""
+    from agent.records import RunRecord
+    from agent.run_view import load_view, run_rows
+    from agent.session_service import SessionService
+    from tests.session_repo import make_repo
+
+    task = make_repo(tmp_path)
+    svc = SessionService.start(task, "cli", Budget(), runs_root=tmp_path / "runs")
+    try:
+        for _ in range(3):
+            svc.set_client("claude-code", "2.1.332")
+        info = RunRecord.open(svc.run_dir).info
+        assert info.policy == "cli" and [(c.name, c.version) for c in info.clients] == [("claude-code", "2.1.332")]
+        assert load_view(svc.run_dir).driven_by == "claude-code 2.1.332 (over MCP)"
+        (row,) = run_rows(tmp_path / "runs")
+        assert row.driven_by == "claude-code 2.1.332 (over MCP)" and row.state.startswith("live (pid")
+    finally:
+        svc.close()
+
+
 def test_shell_commands_beside_the_process_that_holds_the_run(tmp_path):
     """While an MCP server (here: this process) holds the run, a shell command that acts is refused
     with exit 3 naming the holder; `kloop status` still reads the session."""
