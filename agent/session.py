@@ -426,6 +426,10 @@ class Session:
         if verdict.build is not None and "build" in verdict.stage_seconds:  # the compile happened before the gate's clock
             verdict.stage_seconds["build"] = round(verdict.stage_seconds["build"] + prebuild_s, 3)
             verdict.seconds = round(verdict.seconds + prebuild_s, 2)
+        from tools.knob_edits import knob_define_edits, knob_edit_note
+
+        if edits := knob_define_edits(patch, self.gate.task.manifest.knobs):  # that part of the change did nothing
+            verdict = verdict.model_copy(update={"reason": f"{verdict.reason.rstrip('.')}. {knob_edit_note(edits)}"})
         figures = verdict.figures() | ({"code_digest": digest} if digest else {})
         self.log("verdict", attempt=number, accepted=verdict.accepted, reason=verdict.reason, figures=figures)
         if verdict.accepted:

@@ -164,6 +164,24 @@ def test_a_knob_default_edited_in_the_source_points_to_submit_knobs(service):
     assert "comment or whitespace" not in res.text and len(_attempts(service)) == before
 
 
+def test_a_knob_default_edited_beside_other_changes_is_named_in_the_verdict(service):
+    """A knob's #define edited together with a real change: the change is judged (here: wrong results, so
+    no timing), and the verdict says the knob edit did nothing and how to pass the setting."""
+    src = service.session.ws.task_path / "matmul.cpp"
+    text = src.read_text()
+    wrong = text.replace("#define LOOP_ORDER 0", "#define LOOP_ORDER 1").replace(
+        "C[(size_t)i * N + j] = acc;", "C[(size_t)i * N + j] = 2 * acc;")
+    assert wrong.count("2 * acc") == 1
+    src.write_text(wrong)
+    res = service.call("submit", {"title": "Loop order i-k-j, and a slip", "gate_seconds": 1})
+    assert res.event == "rejected" and res.data["stage"] == "check", res.text
+    note = 'also edits the #define default of the knob LOOP_ORDER in the source, which does nothing'
+    assert note in res.text and note in res.data["reason"], res.text
+    assert 'submit(knobs={"LOOP_ORDER": 1})' in res.data["reason"]
+    verdicts = [e for e in service.session.events() if e.kind == "verdict"]
+    assert note in verdicts[-1].reason  # the record says it too
+
+
 @pytest.mark.slow
 def test_a_slower_change_dressed_up_is_refused_by_its_code(service):
     """Optional stopping with a cosmetic edit: the slower change plus a comment is a new patch but the same

@@ -27,11 +27,24 @@ def knob_define_edits(patch: str, knobs: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def knob_edit_advice(edits: dict[str, str]) -> str:
-    """What to tell the agent about `knob_define_edits`."""
+def _names_and_setting(edits: dict[str, str]) -> tuple[str, str]:
     names = ", ".join(sorted(edits))
     setting = ", ".join(f'"{k}": {v}' if re.fullmatch(r"-?\d+", v or "") else f'"{k}": {v!r}' for k, v in sorted(edits.items()))
+    return names, setting
+
+
+def knob_edit_advice(edits: dict[str, str]) -> str:
+    """What to tell the agent about `knob_define_edits` when they are the whole change."""
+    names, setting = _names_and_setting(edits)
     return (f"this change edits the #define default of the knob{'s' if len(edits) > 1 else ''} {names} in the source; knobs "
             "reach the compiler as -DNAME=VALUE (the setting in knobs.toml), so that default is never used and the "
             "build is the best's own code. Revert the edit and pass the setting instead: submit(knobs={"
             + setting + "}) (the `knobs` tool lists each knob's allowed values)")
+
+
+def knob_edit_note(edits: dict[str, str]) -> str:
+    """What to tell the agent when a judged change also edits knob defaults (that part did nothing)."""
+    names, setting = _names_and_setting(edits)
+    return (f"Note: this change also edits the #define default of the knob{'s' if len(edits) > 1 else ''} {names} in "
+            "the source, which does nothing (knobs reach the compiler as -DNAME=VALUE, the setting in knobs.toml): "
+            "what was judged is the rest of the change. To try that setting, pass it: submit(knobs={" + setting + "})")
