@@ -564,23 +564,26 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
 @app.command()
 def runs(runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List runs: task, policy, started, attempts, accepted, best speedup."""
+    """List runs: task, who drove it, started, attempts, accepted, best speedup, its state (live, idle, ended)."""
     from agent.records import list_runs
+    from agent.run_view import run_rows
     from tools.fmt import fmt_num
 
-    rows = list_runs(_runs_root(runs_dir))
     if as_json:
-        emit_json([r.model_dump(mode="json") for r in rows])
+        emit_json([r.model_dump(mode="json") for r in list_runs(_runs_root(runs_dir))])
         return
+    rows = sorted(run_rows(_runs_root(runs_dir)), key=lambda r: r.name)  # the same rows `kloop serve` lists
     table = Table(title=f"runs in {_runs_root(runs_dir)}")
     # the run id is the handle every other command takes: never cut or wrapped
-    table.add_column("run", no_wrap=True, min_width=max((len(r.run_id) for r in rows), default=3))
-    for col in ("task", "policy", "started", "attempts", "accepted", "best speedup", "state"):
+    table.add_column("run", no_wrap=True, min_width=max((len(r.summary.run_id) for r in rows), default=3))
+    for col in ("task", "driven by", "started", "attempts", "accepted", "best speedup", "state"):
         table.add_column(col)
-    for r in rows:
-        state = r.error or (f"ended: {r.end_reason}" if r.ended else "open (resume it)")
-        table.add_row(escape(r.run_id), escape(r.task or ""), escape(r.policy or ""), f"{r.started_at:%Y-%m-%d %H:%M}" if r.started_at else "",
-                      str(r.attempts), str(r.accepted), f"x{fmt_num(r.best_speedup, '.3f')}" if r.best_speedup else "-", escape(state))
+    for row in rows:
+        r = row.summary
+        state = r.error or row.state
+        table.add_row(escape(r.run_id), escape(r.task or ""), escape(row.driven_by or r.policy or ""),
+                      f"{r.started_at:%Y-%m-%d %H:%M}" if r.started_at else "", str(r.attempts), str(r.accepted),
+                      f"x{fmt_num(r.best_speedup, '.3f')}" if r.best_speedup else "-", escape(state))
     console.print(table)
 
 
@@ -710,7 +713,9 @@ def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), ru
     if as_json:
         emit_json({"run": info.model_dump(mode="json"), "attempts": [{**a.__dict__, "verdict": a.verdict} for a in attempts]})
         return
-    console.print(escape(f"run {info.run_id}: task {info.task}, policy {info.policy}, branch {info.branch}, "
+    from agent.run_view import driven_by, session_state
+
+    console.print(escape(f"run {info.run_id}: task {info.task}, driven by {driven_by(info)}, branch {info.branch}, "
                          f"base {info.base_commit[:10]}; measured on {info.machine.get('name', '?')}"), highlight=False)
     table = Table()
     for col in ("#", "title", "verdict", "speedup [gate interval]", "reason"):
@@ -721,8 +726,8 @@ def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), ru
         spt = fmt_speedup(a.figures.get("speedup"), a.figures.get("speedup_lo"), a.figures.get("speedup_hi"))
         table.add_row(str(a.number), escape(a.title), verdict, escape(spt), escape(a.reason[:400]))
     console.print(table)
-    if state.ended:
-        console.print(escape(f"ended: {state.ended}"), highlight=False)
+    pending = state.pending.number if state.pending is not None and state.ended is None else None
+    console.print(escape(session_state(record.dir, state.ended, state.last_event_at, pending)), highlight=False)
 
 
 def _show_attempt(record, attempts, number: int, diff: bool, as_json: bool) -> None:

@@ -212,6 +212,17 @@ def test_a_cli_run_driven_over_mcp_names_its_client(tmp_path):
         assert load_view(svc.run_dir).driven_by == "claude-code 2.1.332 (over MCP)"
         (row,) = run_rows(tmp_path / "runs")
         assert row.driven_by == "claude-code 2.1.332 (over MCP)" and row.state.startswith("live (pid")
+        # the terminal says the same: `kloop runs` and `kloop show` (they said "policy cli" and "open (resume it)")
+        from typer.testing import CliRunner
+
+        from agent.cli import app
+
+        wide = {"COLUMNS": "400"}
+        runs = CliRunner().invoke(app, ["runs", "--runs-dir", str(tmp_path / "runs")], env=wide)
+        assert runs.exit_code == 0 and "claude-code 2.1.332 (over MCP)" in runs.output and "live (pid" in runs.output, runs.output
+        shown = CliRunner().invoke(app, ["show", str(svc.run_dir)], env=wide)
+        assert shown.exit_code == 0 and "driven by claude-code 2.1.332 (over MCP)" in shown.output, shown.output
+        assert "live (pid" in shown.output, shown.output
     finally:
         svc.close()
 
