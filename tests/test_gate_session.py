@@ -164,7 +164,7 @@ def test_no_change_rejected(session):
 
 def test_real_speedup_accepted_with_trailers(session):
     head = session.ws.head()
-    v = session.submit("Loop order i-k-j", "B and C are walked along rows", knobs={"LOOP_ORDER": 1})
+    v = submit_decided(session, "Loop order i-k-j", {"LOOP_ORDER": 1})
     assert v.accepted, v.summary()
     repo = git.Repo(session.ws.path)
     commits = list(repo.iter_commits(f"{head}..{session.ws.branch}"))
@@ -186,7 +186,7 @@ def test_real_speedup_accepted_with_trailers(session):
 def test_record_holds_every_attempt_and_replay_agrees(session):
     """Replays whatever the module's session holds; run on its own (-m long) it makes the accept itself."""
     if not any(a.accepted for a in RunState.fold(session.events()).attempts):
-        v = session.submit("Loop order i-k-j", "B and C are walked along rows", knobs={"LOOP_ORDER": 1})
+        v = submit_decided(session, "Loop order i-k-j", {"LOOP_ORDER": 1})
         assert v.accepted, v.summary()
     attempts = RunState.fold(session.events()).attempts
     assert [a.accepted for a in attempts].count(True) == 1
@@ -196,11 +196,24 @@ def test_record_holds_every_attempt_and_replay_agrees(session):
     for a in attempts:
         row = by_no[a.number]
         assert row.recorded_accepted == a.accepted
-        assert row.agrees, (a.title, row.replayed_reason)
+        # an "undecided" (a loaded machine) claimed nothing: its replay may decide either way
+        assert row.agrees or a.figures.get("stage") == "undecided", (a.title, row.replayed_reason)
     assert report.ok
 
 
 @pytest.mark.long
+def submit_decided(s, title: str, knobs: dict, tries: int = 3):
+    """Submit as a user following the gate's advice: after 'undecided' (a loaded machine: the interval wider
+    than the noise limit), the same change again with the gate seconds the verdict names."""
+    seconds = None
+    for _ in range(tries):
+        v = s.submit(title, "", knobs=knobs, gate_seconds=seconds)
+        if v.stage != "undecided" or not v.decide_seconds:
+            return v
+        seconds = v.decide_seconds
+    return v
+
+
 def test_commit_interrupted_after_accept_is_landed_on_resume(tmp_path):
     repo = make_repo(tmp_path)
     s = Session.start(repo / "kernels" / "matmul_cpu", "test", Budget(), runs_root=tmp_path / "runs", gate_config=GATE)
@@ -212,14 +225,15 @@ def test_commit_interrupted_after_accept_is_landed_on_resume(tmp_path):
 
     s.ws.commit = killed
     with pytest.raises(KeyboardInterrupt):
-        v = s.submit("Loop order i-k-j", "", knobs={"LOOP_ORDER": 1})
+        v = submit_decided(s, "Loop order i-k-j", {"LOOP_ORDER": 1})
         pytest.fail(f"the x3 loop order was not accepted, so nothing was committed: {v.summary()}")
     assert s.ws.head() == base
     resumed = Session.resume(s.record.dir)
     assert resumed.ws.head() != base and resumed.best_commit == resumed.ws.head()
     message = git.Repo(resumed.ws.path).head.commit.message
-    assert dict(parse_trailers(message))["Kloop-Attempt"] == "1"
-    assert [a.commit for a in resumed.attempts()] == [resumed.best_commit]
+    accepted = resumed.attempts()[-1]  # the last attempt (earlier ones: undecided on a loaded machine)
+    assert dict(parse_trailers(message))["Kloop-Attempt"] == str(accepted.number)
+    assert [a.commit for a in resumed.attempts() if a.commit] == [resumed.best_commit] == [accepted.commit]
 
 
 KILL_SCRIPT = """
@@ -259,7 +273,7 @@ def test_session_killed_mid_gate_resumes(tmp_path):
     assert s.ws.head() == s.ws.base_commit
     assert s.ws.changed_paths(against=s.best_commit) == []
     assert s.reuse_baseline()  # as `kloop resume` does (Session.run): the recorded baseline, not a second one
-    v = s.submit("Loop order i-k-j", "", knobs={"LOOP_ORDER": 1})
+    v = submit_decided(s, "Loop order i-k-j", {"LOOP_ORDER": 1})
     assert v.accepted, v.summary()
     assert [e.kind for e in s.events()].count("session_started") == 2
     json.dumps([e.model_dump(mode="json") for e in s.events()])  # the record reads back whole

@@ -86,3 +86,18 @@ def test_replay_of_a_recorded_session_agrees_and_catches_a_broken_accept(tmp_pat
     assert report.rows[0].broken and not report.ok
     # later attempts were made on the clean tree; on the recorded (broken) path they are all rejected
     assert [r.replayed_accepted for r in report.rows[1:]] == [False, False]
+
+
+def test_a_recorded_undecided_is_no_claim_a_replay_can_flip():
+    """'undecided' (a loaded machine) claimed nothing: replayed as accepted or not faster, it is not a flip;
+    a decided rejection replayed as accepted, and an accept replayed as rejected, are."""
+    from agent.policies.replay import ReplayRow
+
+    def row(recorded, reason, replayed):
+        return ReplayRow(attempt=1, title="t", recorded_accepted=recorded, recorded_reason=reason, replayed_accepted=replayed)
+
+    assert not row(False, "undecided (noisy machine): workload time ratio x3.96", True).flipped
+    assert not row(False, "undecided: best slower than its baseline (...)", True).flipped
+    assert row(False, "not measurably faster: workload time ratio x1.002", True).flipped
+    assert row(True, "faster: workload time ratio x3.9", False).flipped
+    assert not row(False, "interrupted: stopped by the user", True).flipped

@@ -44,9 +44,15 @@ class ReplayRow(BaseModel):
             self.recorded_accepted is False and self.recorded_reason.startswith("interrupted"))
 
     @property
+    def undecided(self) -> bool:
+        """Recorded as undecided (the interval too wide, or the best far off its record): a rejection that
+        claimed nothing either way, so its replay may decide either way without contradicting it."""
+        return self.recorded_accepted is False and self.recorded_reason.startswith("undecided")
+
+    @property
     def flipped(self) -> bool:
-        """The verdict changed either way (accepted -> rejected, or rejected -> accepted)."""
-        return not self.interrupted and not self.agrees
+        """The verdict changed either way (accepted -> rejected, or a decided rejection -> accepted)."""
+        return not self.interrupted and not self.undecided and not self.agrees
 
     @property
     def broken(self) -> bool:
