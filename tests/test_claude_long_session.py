@@ -16,6 +16,7 @@ machine is noise.) No request of either run is refused (400); the key is in no f
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -103,7 +104,9 @@ def test_forty_turns_with_clearing_then_resume(tmp_path):
         out = proc.stdout + proc.stderr
         assert proc.returncode == 1, out
         (summary,) = list_runs(runs)
-        assert f"kloop resume {summary.run_id}" in out and "the API gave up" in out and KEY not in out
+        # the hint works as printed: it names the --runs-dir the session was started with (issue 27)
+        hint = f"kloop resume {summary.run_id} --runs-dir {shlex.quote(str(runs))}"
+        assert hint in out and "the API gave up" in out and KEY not in out
         assert api.remaining == 0
         requests = list(api.requests)
 

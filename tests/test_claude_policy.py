@@ -432,6 +432,37 @@ def test_retry_wait_is_bounded(setup):
     assert reason.startswith("api_error: rate_limit: 429 rate_limit_error") and "retry budget" in reason
 
 
+def test_a_retry_after_past_retry_max_wait_waits_only_that_long(setup):
+    """A 429 asking for an hour, with --retry-max-wait 0.3 s (the client's max_delay) and an hour of
+    retry budget: the wait is cut to 0.3 s and the session goes on (issue 27)."""
+    api, ctx, calls, policy, _ = setup
+    api.add(Fault(429, headers={"retry-after": "3600"}), *done())
+    start = time.monotonic()
+    assert policy(max_total_wait=3600, max_delay=0.3).run(ctx) == "end_turn"
+    assert time.monotonic() - start < 10 and len(api.requests) == 3
+    (retry,) = ctx.events("llm_retry")
+    assert retry["wait_s"] == 0.3 and "asked to wait 3600 s; waiting at most 0.3 s" in retry["error"]
+    assert 0.3 <= api.requests[1].at - api.requests[0].at < 3
+
+
+def test_a_second_stop_says_what_it_cut_off(setup):
+    """A second Ctrl-C (StopNow, a KeyboardInterrupt) during a tool call: the record says what was
+    running (the tool call, not an evaluation), and the stop goes on (issue 27)."""
+    api, ctx, calls, policy, _ = setup
+
+    def stop_now(_, a):
+        raise KeyboardInterrupt("stopped now (SIGINT)")
+
+    ctx.toolbox.add(Tool("hang", "A tool the user stops.", SlowIn, stop_now))
+    api.add(Reply([tool_use("hang", {})], stop_reason="tool_use"))
+    p = policy()
+    with pytest.raises(KeyboardInterrupt):
+        p.run(ctx)
+    (note,) = [n for n in ctx.events("note") if n["data"].get("stopped")]
+    assert note["data"]["stopped"] == "the tool call hang of turn 1" and "was cut off" in note["text"]
+    assert p.doing == "the tool call hang of turn 1"  # what the CLI's 'stopped now' line names
+
+
 def test_a_retry_after_past_max_hours_ends_at_once_as_max_hours(setup):
     """A 429 asking for an hour with 36 s left under --max-hours (0.01) and a --retry-max-wait of
     two hours: the wait is never begun; the session stops as max_hours, saying why."""

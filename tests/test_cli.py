@@ -211,3 +211,57 @@ def test_optimize_cuda_task_without_gpu_says_where_to_go(tmp_path):
     said = " ".join(res.stderr.split())  # rich wraps at 60 columns
     assert "no CUDA device here" in said and "kloop session start softmax" in said
     assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_printed_hints_work_as_printed(tmp_path, monkeypatch):
+    """`kloop VERB RUN` hints (resume, log, show) carry --runs-dir, quoted, when the run is not where
+    kloop looks by default, and run as printed; none where it is (issue 27)."""
+    import shlex
+
+    from agent.cli import run_command
+
+    runs = tmp_path / "my runs"
+    record = fake_run(runs, "20261201-070000-matmul-cpu-hint", patch="diff --git a/x b/x\n")
+    monkeypatch.delenv("KLOOP_RUNS", raising=False)
+    for verb in ("resume", "log", "show"):
+        argv = shlex.split(run_command(verb, record.dir))
+        assert argv == ["kloop", verb, record.info.run_id, "--runs-dir", str(runs)]
+    res = invoke(*shlex.split(run_command("show", record.dir))[1:])
+    assert res.exit_code == 0 and "Unroll k" in res.output
+    monkeypatch.setenv("KLOOP_RUNS", str(runs))  # where kloop looks by default: no --runs-dir needed
+    assert run_command("resume", record.dir) == f"kloop resume {record.info.run_id}"
+
+
+def test_a_second_stop_names_what_was_running(tmp_path, monkeypatch):
+    """A second Ctrl-C while the policy waits on the API: 'stopped now' names that, never a killed
+    evaluation (issue 27); with a gate evaluation killed, it names the evaluation."""
+    import io
+    from types import SimpleNamespace
+
+    import typer
+    from rich.console import Console
+
+    import agent.cli as cli
+
+    run_dir = fake_run(tmp_path / "runs", "20261201-070000-matmul-cpu-stop").dir
+
+    class Stopped:
+        killed = None
+        record = SimpleNamespace(dir=run_dir)
+
+        def run(self, policy):
+            raise KeyboardInterrupt("stopped now (SIGINT)")
+
+    for killed, doing, said in [(None, "the API request of turn 3", "the API request of turn 3 was cut off (no evaluation"),
+                                ("the gate's evaluation of attempt 2", "the tool call submit of turn 3",
+                                 "the gate's evaluation of attempt 2 was killed")]:
+        out = io.StringIO()
+        monkeypatch.setattr(cli, "err_console", Console(file=out, width=300))
+        session = Stopped()
+        session.killed = killed
+        with pytest.raises(typer.Exit) as exc:
+            cli._run_session(session, SimpleNamespace(doing=doing))
+        assert exc.value.exit_code == cli.EXIT_INTERRUPTED
+        text = out.getvalue()
+        assert "stopped now" in text and said in text and "--runs-dir" in text
+        assert killed or "killed" not in text

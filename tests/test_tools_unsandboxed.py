@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fake_anthropic import fake_api  # noqa: F401 (the loopback Messages API fixture)
 from tests.fakes import fake_port
 from tools import sandbox
 from tools.agent_tools import session_toolbox
@@ -67,3 +68,24 @@ def test_an_honest_kernel_is_not_refused_without_a_sandbox(tmp_path, unsandboxed
     task = load_task(folder)
     built = build(task)
     assert built.ok and unsandboxed_refusal(task, built) is None  # the audit passes: the tools load it
+
+
+def test_claude_check_of_a_refused_build_is_answered_not_run(tmp_path, unsandboxed, fake_api):
+    """Through the real SDK against the loopback API: the model calls check on a kernel that writes
+    outside the task; without a sandbox the call is answered with the audit's refusal and nothing
+    of the candidate runs."""
+    from agent.llm import LLMClient
+    from agent.policies.claude import ClaudePolicy
+    from tests.fake_anthropic import Reply, tool_use
+    from tests.test_claude_policy import KEY, MODEL, FakeCtx, done, last_user
+
+    target = tmp_path / "outside" / "pwned.txt"
+    target.parent.mkdir()
+    ctx = FakeCtx(session_toolbox(fake_port(task_writing(tmp_path, target), tmp_path / "notes.md")))
+    fake_api.add(Reply([tool_use("check", {}), tool_use("bench", {"seconds": 0.05})], stop_reason="tool_use"), *done())
+    client = LLMClient(MODEL, api_key=KEY, base_url=fake_api.base_url, backoff_base=0.01)
+    assert ClaudePolicy(model=MODEL, max_tokens=4096, client=client).run(ctx) == "end_turn"
+    results = last_user(fake_api.requests[1].body)
+    assert [r.get("is_error") for r in results] == [True, True]
+    assert all("no sandbox" in r["content"] and "fopen" in r["content"] for r in results)
+    assert not target.exists()
