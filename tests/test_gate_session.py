@@ -201,7 +201,6 @@ def test_record_holds_every_attempt_and_replay_agrees(session):
     assert report.ok
 
 
-@pytest.mark.long
 def submit_decided(s, title: str, knobs: dict, tries: int = 3):
     """Submit as a user following the gate's advice: after 'undecided' (a loaded machine: the interval wider
     than the noise limit), the same change again with the gate seconds the verdict names."""
@@ -214,6 +213,7 @@ def submit_decided(s, title: str, knobs: dict, tries: int = 3):
     return v
 
 
+@pytest.mark.long
 def test_commit_interrupted_after_accept_is_landed_on_resume(tmp_path):
     repo = make_repo(tmp_path)
     s = Session.start(repo / "kernels" / "matmul_cpu", "test", Budget(), runs_root=tmp_path / "runs", gate_config=GATE)

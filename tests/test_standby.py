@@ -137,7 +137,9 @@ time.sleep(600)
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+# The Ctrl-C case hung (no exit in 120 s after SIGINT) twice in full CI runs on 2026-12-03 and never
+# alone, beside hogs or under -n 2 (cause not found): it runs with the `long` tests until it is.
+@pytest.mark.parametrize("sig", [signal.SIGKILL, pytest.param(signal.SIGINT, marks=pytest.mark.long)])
 def test_no_orphans_after_a_killed_session(sig, tmp_path):
     """kill -9 (PR_SET_PDEATHSIG, bwrap --die-with-parent) and Ctrl-C (atexit) alike."""
     proc = subprocess.Popen([sys.executable, "-c", KILLED, str(TASK)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
