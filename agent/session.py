@@ -30,6 +30,7 @@ from tools.agent_tools import session_toolbox
 from tools.base import ToolBox
 from tools.build import BuildResult, code_digest
 from tools.fmt import device_label, fmt_ms, fmt_num, kernel_names, real
+from tools.knob_edits import knob_define_edits, knob_edit_advice, knob_edit_note
 from tools.port import SubmitRefused
 from tools.sandbox import SandboxStatus, SandboxUnavailable, require as require_sandbox_here, status as sandbox_status
 
@@ -426,8 +427,6 @@ class Session:
         if verdict.build is not None and "build" in verdict.stage_seconds:  # the compile happened before the gate's clock
             verdict.stage_seconds["build"] = round(verdict.stage_seconds["build"] + prebuild_s, 3)
             verdict.seconds = round(verdict.seconds + prebuild_s, 2)
-        from tools.knob_edits import knob_define_edits, knob_edit_note
-
         if edits := knob_define_edits(patch, self.gate.task.manifest.knobs):  # that part of the change did nothing
             verdict = verdict.model_copy(update={"reason": f"{verdict.reason.rstrip('.')}. {knob_edit_note(edits)}"})
         figures = verdict.figures() | ({"code_digest": digest} if digest else {})
@@ -557,8 +556,6 @@ class Session:
             return None
         best_lib = self.best_build.lib if self.best_build is not None and getattr(self.best_build, "ok", False) else None
         if digest is not None and best_lib and Path(best_lib).is_file() and code_digest(best_lib) == digest:
-            from tools.knob_edits import knob_define_edits, knob_edit_advice
-
             if edits := knob_define_edits(patch, self.gate.task.manifest.knobs):
                 return knob_edit_advice(edits)
             return (f"this change builds to the same code as the best ({self.best_commit[:10]}): a comment or "
