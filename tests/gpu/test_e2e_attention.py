@@ -1,9 +1,18 @@
-"""On the GPU: flash_attn_fwd's end-to-end stage (tools/e2e.py, kernels/flash_attn_fwd/e2e.py).
+"""On the GPU: the attention tasks' end-to-end stage (tools/e2e.py over tools/e2e_attention.py).
 
-The honest baseline passes the e2e check; a kernel that passes every per-call tolerance but lets each
-causal query see the next key with a small fixed weight (LEAK: a mask bug, O += LEAK * v[i + 1]; the
-largest leak whose per-call error stays inside the check's bf16 tolerance on every check shape,
-measured on the CPU with the spec's reference) is accepted by check and timing and rejected at e2e.
+flash_attn_fwd: the honest baseline passes the e2e check; a kernel that passes every per-call tolerance
+but lets each causal query see the next key with a small fixed weight (LEAK: a mask bug, O += LEAK *
+v[i + 1]; the largest leak whose per-call error stays inside the check's bf16 tolerance on every check
+shape, measured on the CPU with the spec's reference) is accepted by check and timing and rejected at
+e2e.
+
+flash_attn_bwd: the same bug in a backward. The causal mask lets key i + 1 into query i's P with the
+fixed weight BWD_LEAK (P, and from it dS, dV, dK and dQ, as if the forward had that leak; the forward
+is the reference's, so only the gradients are off). Emulated on the CPU (seeds 1-9, P and dS rounded to
+bf16 as the kernel does): the per-call check passes up to a weight of 5e-4 (worst norm-relative 0.53%
+of the 1% bound at 5e-4, 0.35% at 3e-4) and the last-40 mean loss moves by -0.0065% or more at 3e-4,
+the honest path by at most 0.0007%; the task's bound is 0.004%.
+
 Seconds per decision are printed (run with -s) for the README.
 
 Run on the device machine: `python -m pytest -m gpu tests/gpu/test_e2e_attention.py -s` (skipped
@@ -44,9 +53,15 @@ def _cuda() -> bool:
         return False
 
 
-def task_copy(tmp: Path) -> Path:
-    dest = tmp / "flash_attn_fwd"
-    shutil.copytree(KERNELS / "flash_attn_fwd", dest)
+BWD_LEAK = "3e-4f"
+BWD_P = "const float p = masked ? 0.f : exp2f(sS[r * L::LDS + c] * scale_log2 - s_lse2[r]);"
+BWD_LEAKY = ("const float p = (causal && kj == qi + 1 && kj < seqlen) ? LEAK  // the bias under test\n"
+             "                          : masked ? 0.f : exp2f(sS[r * L::LDS + c] * scale_log2 - s_lse2[r]);")
+
+
+def task_copy(tmp: Path, name: str = "flash_attn_fwd") -> Path:
+    dest = tmp / name
+    shutil.copytree(KERNELS / name, dest)
     return dest
 
 
@@ -57,11 +72,19 @@ def leaky_source(task: Path) -> None:
     src.write_text(text.replace(EPILOGUE, LEAKY.replace("LEAK", LEAK)))
 
 
+def leaky_backward(task: Path) -> None:
+    src = task / "flash_attn_bwd.cu"
+    text = src.read_text()
+    assert text.count(BWD_P) == 1, "the baseline's P changed: update the leak patch"
+    src.write_text(text.replace(BWD_P, BWD_LEAKY.replace("LEAK", BWD_LEAK)))
+
+
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
-def test_e2e_passes_the_baseline_and_rejects_a_leaky_mask(tmp_path):
-    task = task_copy(tmp_path)
-    assert load_task(task).manifest.e2e.when == "accept"
-    gate = Gate(task, "flash_attn_fwd", GateConfig(max_seconds=4.0))
+@pytest.mark.parametrize("name", ["flash_attn_fwd", "flash_attn_bwd"])
+def test_e2e_passes_the_baseline_and_rejects_a_leaky_mask(name, tmp_path):
+    task = task_copy(tmp_path, name)
+    assert load_task(task).manifest.e2e is not None
+    gate = Gate(task, name, GateConfig(max_seconds=4.0))
     try:
         t0 = time.monotonic()
         base = gate.evaluate(Candidate(task, []), None)
@@ -72,7 +95,7 @@ def test_e2e_passes_the_baseline_and_rejects_a_leaky_mask(tmp_path):
 
         cand = tmp_path / "cand"
         shutil.copytree(task, cand)
-        leaky_source(cand)
+        (leaky_source if name == "flash_attn_fwd" else leaky_backward)(cand)
         leaky = build(gate.task, src_root=cand)
         assert leaky.ok, leaky.error_text()
         v = gate.judge_built(leaky, None)  # the per-call check alone: today's gate before timing
