@@ -207,3 +207,25 @@ def test_tools_refuse_a_vanished_worktree(tmp_path):
         assert not [e for e in session.events() if e.kind == "note" and e.text == "tuner ranking"]
     finally:
         session.close()
+
+
+def test_a_setting_that_regresses_a_shape_beyond_its_allowance_is_tried_last():
+    """The sweep's fastest workload can be slower on one bench shape than the gate allows there (the gate
+    judges every shape): such a setting goes behind the others, in order, and is still tried."""
+    import io
+
+    from tools.sweep import SweepRow
+
+    def row(knob, big, small):
+        return SweepRow(knobs={"K": knob}, ok=True, times={"big": big, "small": small}, score=big + 0.5 * small)
+
+    base, fast_but_regresses, faster, slower = row(0, 500, 50), row(1, 380, 60), row(2, 420, 50), row(3, 510, 50)
+    ranked = sorted([base, fast_but_regresses, faster, slower], key=lambda r: r.score)
+    tuner = TunerPolicy(console=Console(file=io.StringIO()))
+    out = tuner._regressions_last(ranked, {"K": 0}, {"big": 0.03, "small": 0.05})
+    assert [r.knobs["K"] for r in out] == [2, 0, 3, 1]
+    assert "slower than the best on small" in tuner.console.file.getvalue()
+    # inside the allowance (50 -> 52: 4% < 5%) nothing moves; without allowances nothing moves
+    within = row(1, 380, 52)
+    assert tuner._regressions_last([within, base], {"K": 0}, {"big": 0.03, "small": 0.05})[0] is within
+    assert tuner._regressions_last(ranked, {"K": 0}, {}) == ranked

@@ -158,8 +158,12 @@ def knobs_tool(ctx: SessionPort, args: KnobsInput) -> ToolResult:
     lines = [f"{name}: {current[name]} (allowed: {', '.join(map(str, k.values))}){' — ' + k.help if k.help else ''}"
              for name, k in task.manifest.knobs.items()]
     lines.append(f"{task.knob_space_size()} settings in all; land one with submit(knobs=...)")
+    # each bench shape's largest slowdown the gate accepts: a setting the sweep shows slower than that on a
+    # shape is tried last (the gate would find it "no faster" there however large its workload gain)
+    allowances = {s.name: task.allowance(s) for s in task.bench_shapes}
     return ToolResult(text="\n".join(lines), data={"knobs": {n: list(k.values) for n, k in task.manifest.knobs.items()},
-                                                    "current": current, "space": task.knob_space_size()})
+                                                    "current": current, "space": task.knob_space_size(),
+                                                    "allowances": allowances})
 
 
 # ---- sweep --------------------------------------------------------------------------------------

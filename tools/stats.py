@@ -260,13 +260,11 @@ def robust_se_of_quartile(values: list[float]) -> float:
     return 1.36 * sigma / math.sqrt(len(xs))
 
 
-def weighted_geomean(values: list[float], weights: list[float]) -> float | None:
-    """exp(sum w*log v / sum w) over the positive values; None when there are none."""
-    pairs = [(v, w) for v, w in zip(values, weights) if v > 0]
-    total = sum(w for _, w in pairs)
-    if not pairs or total <= 0:
+def workload_time(values: list[float], weights: list[float]) -> float | None:
+    """sum of weight x value (seconds per call): the workload T of one side; None when there is none."""
+    if not values or sum(weights) <= 0:
         return None
-    return math.exp(sum(w * math.log(v) for v, w in pairs) / total)
+    return sum(w * v for v, w in zip(values, weights))
 
 
 def quantile(values: list[float], q: float) -> float:

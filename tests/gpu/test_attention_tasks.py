@@ -42,14 +42,17 @@ def test_every_knob_value_passes_the_check(name):
 
 @pytest.mark.parametrize("name", TASKS)
 def test_tuner_runs_through_the_gate(name, tmp_path, monkeypatch):
-    """Three sampled settings ranked, one submitted to the gate: a verdict either way, never a crash."""
+    """Sampled settings ranked, the best submitted to the gate: a verdict either way, never a crash."""
     import agent.policies.tuner as tuner_mod
 
     monkeypatch.setattr(tuner_mod, "EXHAUSTIVE_MAX", 2)
     repo = make_repo(tmp_path, task=KERNELS / name)
     session = Session.start(repo / "kernels" / name, "tuner", Budget(max_attempts=1), runs_root=tmp_path / "runs",
                             gate_config=GateConfig(max_seconds=3.0))
-    tuner = TunerPolicy(trials=3, seed=0, console=Console(file=open(tmp_path / "tuner.log", "w")))
+    # the backward: 3 settings of 48 were all slower than its defaults on the H200 (2026-12-03: "search
+    # exhausted", nothing gated); 8 reach settings that drop the second dQ pass
+    trials = 8 if name == "flash_attn_bwd" else 3
+    tuner = TunerPolicy(trials=trials, seed=0, console=Console(file=open(tmp_path / "tuner.log", "w")))
     reason = session.run(tuner)
     attempts = session.attempts()
     print(name, reason, [(a.accepted, a.reason) for a in attempts])
