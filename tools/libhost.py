@@ -19,6 +19,7 @@ import pickle
 import socket
 import struct
 import sys
+import time
 import traceback
 import warnings
 
@@ -46,6 +47,7 @@ class Host:
         self.sets: dict = {}  # key -> (dims, inputs, outputs)
         self.maps: list[mmap.mmap] = []
         self.flush_buf = None
+        self.enqueue_per_call_s = 0.0  # host time to launch one call, seen in the last timed samples
 
     # -- wire ------------------------------------------------------------------------------------
     def recv(self):
@@ -188,15 +190,19 @@ class Host:
                 self.flush()
             if cuda and timed:
                 if flush:  # timed samples only: a probe's wall must not carry a spin
-                    hold_device(len(calls))
+                    hold_device(len(calls), self.enqueue_per_call_s)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
+            enqueue_started = time.perf_counter()
             for key in calls:
                 dims, inputs, outputs = self.sets[key]
                 self.spec.launch(self.lib, dims, inputs, outputs, self.stream)
             if cuda and timed:
                 end.record()
                 times.append((start, end))
+                # the host's enqueue per call, for the next sample's spin: the slowest lately, decaying
+                per_call = (time.perf_counter() - enqueue_started) / max(1, len(calls))
+                self.enqueue_per_call_s = max(per_call, 0.9 * self.enqueue_per_call_s)
         if cuda:
             torch.cuda.synchronize()  # every stream of this context idle before the answer
         return {"times": [s.elapsed_time(e) * 1e-3 for s, e in times]}

@@ -26,16 +26,25 @@ def tensors_bytes(d: dict) -> int:
 
 HOLD_BASE_S = 30e-6  # device spin before a timed sample: the host's enqueue of the sample fits under it
 HOLD_PER_CALL_S = 15e-6
+HOLD_MAX_S = 2e-3  # never longer: the spin is a window the timed region does not see (the probes watch it)
 SPIN_HZ = 2.0e9  # cycles per second assumed for the spin (Hopper boosts to ~2 GHz; a longer spin is harmless)
 
 
-def hold_device(calls: int) -> None:
+def hold_seconds(calls: int, enqueue_per_call_s: float = 0.0) -> float:
+    """The spin for `calls` launches whose host enqueue was last seen to take `enqueue_per_call_s` each: twice
+    that (a ctypes launch takes a few us, a Triton launcher's Python tens, and it jitters), at least the fixed
+    allowance, at most HOLD_MAX_S."""
+    return min(HOLD_MAX_S, HOLD_BASE_S + calls * max(HOLD_PER_CALL_S, 2.0 * enqueue_per_call_s))
+
+
+def hold_device(calls: int, enqueue_per_call_s: float = 0.0) -> None:
     """Keep the current stream busy (a spin kernel, no memory traffic) while the host enqueues the
     start event and `calls` launches: otherwise the start event fires at once and the sample also
-    times the host's launch gaps (Python and ctypes jitter), noise that swamps short kernels."""
+    times the host's launch gaps (Python and ctypes jitter), noise that swamps short kernels. (On the H200
+    a 2 us rmsnorm_triton call read 14-80 us under the fixed 15 us per call: its launcher took longer.)"""
     spin = getattr(torch.cuda, "_sleep", None)
     if spin is not None:
-        spin(int((HOLD_BASE_S + HOLD_PER_CALL_S * calls) * SPIN_HZ))
+        spin(int(hold_seconds(calls, enqueue_per_call_s) * SPIN_HZ))
 
 
 class Timer:
