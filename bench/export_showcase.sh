@@ -2,6 +2,7 @@
 # On the GPU box: `kloop export` of each shipped showcase run, `pip install DIR` into a fresh venv (with the
 # machine's torch), each package's own test there, then the decoder example with both ops swapped in.
 #   bash bench/export_showcase.sh          (writes under $OUT or /tmp; run after `source bench/device_provision.sh`)
+#   PACKAGE_TESTS=0 bash bench/export_showcase.sh    (install only, no package tests: the decoder example sooner)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp}
@@ -20,7 +21,8 @@ for run_dir in runs/showcase/*/*/; do
   if python3 -m agent.cli export "$PWD/$run_dir" --repo "$work/repo-$id" -o "$pkg" > "$out/export-$id.txt" 2>&1; then
     # the package needs nothing of kloop: no PYTHONPATH into the checkout
     (unset PYTHONPATH; cd "$work" && python3 -m pip install -q --no-deps --no-build-isolation --target "$site" "$pkg" \
-      && PYTHONPATH="$site" python3 -m pytest -q -p no:cacheprovider "$pkg/tests") >> "$out/export-$id.txt" 2>&1 || rc=1
+      && { [ "${PACKAGE_TESTS:-1}" = 0 ] || PYTHONPATH="$site" python3 -m pytest -q -p no:cacheprovider "$pkg/tests"; }) \
+      >> "$out/export-$id.txt" 2>&1 || rc=1
   else
     rc=1
   fi

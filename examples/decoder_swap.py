@@ -18,14 +18,14 @@ a `block_table` [batch, max_pages] naming each sequence's pages (scattered at ra
 allocator leaves them), and `context_lens` [batch]. Both paths write the same cache, so the decode
 step of each reads exactly what the other would.
 
-The logits of the swapped model are compared with the unswapped model's after prefill and after every
-decode step; the run fails (exit 1) if they differ by more than bf16 attention noise allows.
+The logits after prefill and after every decode step are compared with those of the same model whose
+attention runs in fp32 (SDPA on upcast inputs): the run fails (exit 1) if the swapped model sits further
+from them than `--factor` times torch's own bf16 attention does (or `--tolerance`, whichever is larger).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -108,17 +108,28 @@ class PagedCache:
 # ---- the two attention paths -------------------------------------------------------------------
 
 class TorchAttention:
-    name = "torch"
+    """torch's SDPA in the model's dtype, or (fp32=True) on inputs upcast to fp32, its output rounded back:
+    the yardstick both bf16 paths are measured against."""
+
+    def __init__(self, fp32: bool = False):
+        self.fp32 = fp32
+        self.name = "fp32" if fp32 else "torch"
+
+    def _sdpa(self, q, k, v, causal: bool):
+        if not self.fp32:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        group = q.shape[1] // k.shape[1]  # repeated, not enable_gqa: fp32 then takes a fused kernel, not the math path
+        k, v = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+        return F.scaled_dot_product_attention(q.float(), k, v, is_causal=causal).to(q.dtype)
 
     def prefill(self, q, k, v):
         """q [b, qh, s, d], k, v [b, kvh, s, d] -> [b, qh, s, d]."""
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self._sdpa(q, k, v, causal=True)
 
     def decode(self, q, cache: PagedCache, layer: int, length: int):
         """q [b, qh, d] -> [b, qh, d], over the first `length` cached tokens of each sequence."""
         k, v = cache.gathered(layer, length)
-        out = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
-        return out[:, :, 0]
+        return self._sdpa(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), causal=False)[:, :, 0]
 
 
 class KloopAttention:
@@ -190,7 +201,15 @@ def generate(model, prompt, new_tokens: int, attn, seed: int, forced=None):
 
 def compare(ref, got) -> float:
     """The largest logit difference, relative to the reference logits' spread."""
-    return max(float((a - b).abs().max() / a.std()) for a, b in zip(ref, got))
+    return max(float((a.float() - b.float()).abs().max() / a.float().std()) for a, b in zip(ref, got))
+
+
+def allowed(torch_error: float, tolerance: float, factor: float) -> float:
+    """How far the swapped model's logits may sit from the fp32-attention model's: `factor` x torch's own bf16
+    attention's distance from it (the noise a bf16 attention brings to this model), and never less than
+    `tolerance`. (A fixed bound alone failed an honest swap on the H200: four bf16 layers of 4096 put torch's
+    own flash path 0.2 standard deviations from fp32 attention at the largest of 4.3M logits.)"""
+    return max(tolerance, factor * torch_error)
 
 
 def main(argv=None) -> int:
@@ -200,7 +219,10 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tolerance", type=float, default=0.05,
-                    help="largest logit difference allowed, relative to the logits' standard deviation")
+                    help="logit difference from the fp32-attention model always allowed, relative to the logits' "
+                         "standard deviation")
+    ap.add_argument("--factor", type=float, default=2.0,
+                    help="the swapped model may sit this many times torch's own bf16 distance from the fp32-attention model")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -221,10 +243,13 @@ def main(argv=None) -> int:
         for attn in attns:  # warm-up: builds, autotuning, allocator
             generate(model, prompt[:, :256], 2, attn, args.seed)
         results = {"torch": generate(model, prompt, args.new, attns[0], args.seed)}
-        # the same tokens into both models (teacher forcing): one flipped argmax must not fork the comparison
-        results["kloop"] = generate(model, prompt, args.new, attns[1], args.seed, forced=results["torch"][1])
+        # the same tokens into every model (teacher forcing): one flipped argmax must not fork the comparison
+        forced = results["torch"][1]
+        results["kloop"] = generate(model, prompt, args.new, attns[1], args.seed, forced=forced)
+        exact = generate(model, prompt, args.new, TorchAttention(fp32=True), args.seed, forced=forced)[0]
     ref, got = results["torch"][0], results["kloop"][0]
-    diff = compare(ref, got)
+    torch_error, kloop_error = compare(exact, ref), compare(exact, got)
+    bound = allowed(torch_error, args.tolerance, args.factor)
     same_tokens = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in zip(ref, got))
     total = sum(a.shape[0] for a in ref)
     name = torch.cuda.get_device_name()
@@ -234,9 +259,11 @@ def main(argv=None) -> int:
     for a in attns:
         _, _, pre, dec = results[a.name]
         print(f"{a.name:<10} {args.batch * args.prompt / pre:>14,.0f} {args.batch * args.new / dec:>13,.0f}")
-    print(f"logits: largest difference {diff:.4f} of their standard deviation (allowed {args.tolerance}); "
-          f"greedy next token the same in {same_tokens} of {total} positions")
-    return 0 if diff <= args.tolerance else 1
+    print(f"logits against the model with fp32 attention (largest difference, in standard deviations of the logits): "
+          f"torch {torch_error:.4f}, kloop {kloop_error:.4f} (allowed {bound:.4f}: {args.factor:g} x torch's, at least "
+          f"{args.tolerance:g}); kloop against torch {compare(ref, got):.4f}; greedy next token the same as torch's in "
+          f"{same_tokens} of {total} positions")
+    return 0 if kloop_error <= bound else 1
 
 
 if __name__ == "__main__":
