@@ -47,7 +47,7 @@ class Host:
         self.sets: dict = {}  # key -> (dims, inputs, outputs)
         self.maps: list[mmap.mmap] = []
         self.flush_buf = None
-        self.enqueue_per_call_s = 0.0  # host time to launch one call, seen in the last timed samples
+        self.enqueue_per_call_s = 0.0  # host time to launch one call, seen in the last timed samples (Triton)
 
     # -- wire ------------------------------------------------------------------------------------
     def recv(self):
@@ -190,7 +190,11 @@ class Host:
                 self.flush()
             if cuda and timed:
                 if flush:  # timed samples only: a probe's wall must not carry a spin
-                    hold_device(len(calls), self.enqueue_per_call_s)
+                    # the spin follows the host's enqueue only where that host code is ours (a Triton task's
+                    # cubins, launched by tools/triton_launch): a C/C++ entry point's host time is the
+                    # candidate's and stays on the clock, under the fixed spin
+                    trusted_launch = isinstance(self.lib, TritonModule)
+                    hold_device(len(calls), self.enqueue_per_call_s if trusted_launch else 0.0)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             enqueue_started = time.perf_counter()

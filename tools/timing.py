@@ -32,8 +32,9 @@ SPIN_HZ = 2.0e9  # cycles per second assumed for the spin (Hopper boosts to ~2 G
 
 def hold_seconds(calls: int, enqueue_per_call_s: float = 0.0) -> float:
     """The spin for `calls` launches whose host enqueue was last seen to take `enqueue_per_call_s` each: twice
-    that (a ctypes launch takes a few us, a Triton launcher's Python tens, and it jitters), at least the fixed
-    allowance, at most HOLD_MAX_S."""
+    that (a Triton launcher's Python takes tens of us, and it jitters), at least the fixed allowance, at most
+    HOLD_MAX_S. The runner passes an enqueue time only where the launch code is kloop's (tools/libhost.py):
+    host time spent in a candidate's own entry point must stay inside the timed region."""
     return min(HOLD_MAX_S, HOLD_BASE_S + calls * max(HOLD_PER_CALL_S, 2.0 * enqueue_per_call_s))
 
 
