@@ -1,0 +1,57 @@
+"""bench/showcase_best.py: each showcase folder's best.json is what its run record says (the gate's times for
+the best and the baseline, the quick bench's for the comparators, each labelled), and is kept in step."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = sorted(p.parent for p in (ROOT / "runs" / "showcase").glob("*/*/run.json"))
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("showcase_best", ROOT / "bench" / "showcase_best.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["showcase_best"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("run", RUNS, ids=[r.parent.name for r in RUNS])
+def test_best_json_is_the_run_records_and_up_to_date(run):
+    from agent.run_view import METHOD_BENCH, METHOD_GATE, load_view
+
+    mod = _module()
+    view = load_view(run)
+    best = mod.best_record(view)
+    accepted = [a for a in view.attempts if a.verdict == "accepted"]
+    assert best["best_commit"] == accepted[-1].commit and best["run_id"] == run.name
+    last = {st.shape: st for st in accepted[-1].shapes}
+    for shape, s in best["shapes"].items():
+        assert s["best"]["time_s"] == last[shape].time_cand and s["best"]["method"] == METHOD_GATE
+        assert all(c["method"] == METHOD_BENCH for c in s["comparators"].values())
+        if "tflops" in s["best"]:  # the rate is the shape's FLOPs over the gate's time
+            flops = next(x.flops for x in view.series if x.shape == shape)
+            assert s["best"]["tflops"] == pytest.approx(flops / s["best"]["time_s"] / 1e12, abs=0.01)
+    table = mod.markdown(best)
+    assert all(f"`{shape}`" in table for shape in best["shapes"]) and METHOD_GATE in table
+    kept = run.parent / "best.json"
+    assert json.loads(kept.read_text()) == json.loads(json.dumps(best)), (
+        f"{kept} is stale: python bench/showcase_best.py {run.relative_to(ROOT)} -o {kept.relative_to(ROOT)}")
+
+
+def test_a_run_without_an_accepted_commit_is_refused(tmp_path):
+    from agent.run_view import load_view
+
+    mod = _module()
+    run = RUNS[0]
+    view = load_view(run)
+    for a in view.attempts:
+        a.verdict = "rejected"
+    with pytest.raises(ValueError, match="no accepted commit"):
+        mod.best_record(view)
