@@ -6,8 +6,8 @@ Everything comes from the run record (agent/run_view.py), each figure with the m
 per bench shape the best's time as the gate measured it when it was accepted (paired A/B, cache flushed)
 and its TFLOP/s or TB/s, the baseline's in the same verdicts, and the comparators (torch SDPA, cuDNN, ...)
 as the session's quick bench measured them at its start, in the same run on the same machine. The two
-methods are never divided into one another: a comparator ratio is against the baseline's quick-bench time,
-the best's gain is the gate's.
+methods are never divided into one another: the best's gain is the gate's (its verdicts' per-shape
+speedups compounded, so it can differ slightly from the ratio of the two gate times shown).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def best_record(view: RunView) -> dict:
 def markdown(best: dict) -> str:
     """The README's table: one row per bench shape."""
     names = sorted({n for s in best["shapes"].values() for n in s["comparators"]})
-    head = (f"| shape | baseline (gate) | best #{best['best_attempt']} (gate) | x baseline | "
+    head = (f"| shape | baseline (gate) | best #{best['best_attempt']} (gate) | x baseline (gate, compounded) | "
             + " | ".join(f"{n} (quick bench)" for n in names) + " |")
     lines = [head, "|" + " --- |" * (4 + len(names))]
 
@@ -87,7 +87,9 @@ def markdown(best: dict) -> str:
         if not fig:
             return "-"
         rate, unit = ("tbps", "TB/s") if bound == "memory" or "tflops" not in fig else ("tflops", "TFLOP/s")
-        return f"{fig['time_s'] * 1e3:.3f} ms ({fig[rate]:g} {unit})" if rate in fig else f"{fig['time_s'] * 1e3:.3f} ms"
+        t = fig["time_s"]
+        when = f"{t * 1e3:.3f} ms" if t >= 1e-3 else f"{t * 1e6:.1f} us"
+        return f"{when} ({fig[rate]:g} {unit})" if rate in fig else when
 
     for shape, s in best["shapes"].items():
         b = s.get("bound")

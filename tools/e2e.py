@@ -142,7 +142,7 @@ def judge_losses(ref: list[float], cand: list[float], steps: int, last: int, bou
                        f"the reference run's first loss {ref[0]:.4g}"), rm, cm
     rel = (cm - rm) / abs(rm) if rm != 0 else (0.0 if cm == 0 else math.inf)
     # digits enough to read the figures against the bound (a 0.004% bound needs 6 significant digits)
-    tight = max(0, math.ceil(-math.log10(bound))) if 0 < bound < 1 else 0
+    tight = min(12, max(0, math.ceil(-math.log10(bound)))) if 0 < bound < 1 else 0
     sig, dec = max(4, tight + 1), max(2, tight - 1)
     text = (f"last-{last} mean loss {cm:.{sig}g} vs {rm:.{sig}g} ref ({rel * 100:+.{dec}f}%, bound {bound * 100:g}%), "
             f"{steps} steps")

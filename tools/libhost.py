@@ -201,12 +201,14 @@ class Host:
             for key in calls:
                 dims, inputs, outputs = self.sets[key]
                 self.spec.launch(self.lib, dims, inputs, outputs, self.stream)
+            if cuda:
+                # the host's enqueue per call, for the next timed sample's spin: the slowest lately, decaying;
+                # untimed runs (warm-ups, probes) count too, so a side's first timed sample is covered
+                per_call = (time.perf_counter() - enqueue_started) / max(1, len(calls))
+                self.enqueue_per_call_s = max(per_call, 0.9 * self.enqueue_per_call_s)
             if cuda and timed:
                 end.record()
                 times.append((start, end))
-                # the host's enqueue per call, for the next sample's spin: the slowest lately, decaying
-                per_call = (time.perf_counter() - enqueue_started) / max(1, len(calls))
-                self.enqueue_per_call_s = max(per_call, 0.9 * self.enqueue_per_call_s)
         if cuda:
             torch.cuda.synchronize()  # every stream of this context idle before the answer
         return {"times": [s.elapsed_time(e) * 1e-3 for s, e in times]}

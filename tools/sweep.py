@@ -76,7 +76,9 @@ def workload_time(task: Task, times: dict[str, float]) -> float | None:
     bench shapes, the quantity whose ratio the gate decides on (tools/stats.py), so the sweep ranks by
     what lands. (A geometric mean gave a noisy 50 us shape the say of a 500 us one: on rmsnorm_triton the
     sweep's pick read x1.005 in the gate.)"""
-    shapes = [s for s in task.bench_shapes if s.name in times and times[s.name] > 0]
+    shapes = task.bench_shapes
+    if not all(math.isfinite(times.get(s.name, math.nan)) and times[s.name] > 0 for s in shapes):
+        return None  # a shape missing from the sum would make the setting look fast: unranked instead
     return stats.workload_time([times[s.name] for s in shapes], [s.weight for s in shapes])
 
 
