@@ -4,23 +4,18 @@ paged-KV layout (scattered block tables, lengths, GQA) and the prefill layout ar
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
 
+from tests.script_module import load_script
 from tools.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_example():
-    spec = importlib.util.spec_from_file_location("decoder_swap", ROOT / "examples" / "decoder_swap.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["decoder_swap"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("examples/decoder_swap.py")
 
 
 def test_swapped_attention_gives_the_unswapped_logits():

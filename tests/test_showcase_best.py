@@ -3,23 +3,19 @@ the best and the baseline, the quick bench's for the comparators, each labelled)
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = sorted(p.parent for p in (ROOT / "runs" / "showcase").glob("*/*/run.json"))
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("showcase_best", ROOT / "bench" / "showcase_best.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["showcase_best"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/showcase_best.py")
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[r.parent.name for r in RUNS])
