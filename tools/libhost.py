@@ -47,7 +47,8 @@ class Host:
         self.sets: dict = {}  # key -> (dims, inputs, outputs)
         self.maps: list[mmap.mmap] = []
         self.flush_buf = None
-        self.enqueue_per_call_s = 0.0  # host time to launch one call, seen in the last timed samples (Triton)
+        self.enqueue_per_call_s = 0.0  # host time to launch one call, seen lately (Triton tasks only)
+        self.launch_is_ours = False  # the library is device code launched by kloop (a Triton bundle)
 
     # -- wire ------------------------------------------------------------------------------------
     def recv(self):
@@ -96,6 +97,7 @@ class Host:
         # bundle of cubins, loaded through the CUDA driver (tools/triton_launch.py): device code only
         if lib_path.endswith(".triton.json"):
             self.lib = TritonModule(os.path.realpath(lib_path), self.device)
+            self.launch_is_ours = True
         else:
             self.lib = ctypes.CDLL(os.path.realpath(lib_path), mode=ctypes.RTLD_LOCAL)
         self.spec.setup(self.lib)
@@ -190,20 +192,18 @@ class Host:
                 self.flush()
             if cuda and timed:
                 if flush:  # timed samples only: a probe's wall must not carry a spin
-                    # the spin follows the host's enqueue only where that host code is ours (a Triton task's
-                    # cubins, launched by tools/triton_launch): a C/C++ entry point's host time is the
-                    # candidate's and stays on the clock, under the fixed spin
-                    trusted_launch = isinstance(self.lib, TritonModule)
-                    hold_device(len(calls), self.enqueue_per_call_s if trusted_launch else 0.0)
+                    hold_device(len(calls), self.enqueue_per_call_s)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             enqueue_started = time.perf_counter()
             for key in calls:
                 dims, inputs, outputs = self.sets[key]
                 self.spec.launch(self.lib, dims, inputs, outputs, self.stream)
-            if cuda:
+            if cuda and self.launch_is_ours:
                 # the host's enqueue per call, for the next timed sample's spin: the slowest lately, decaying;
-                # untimed runs (warm-ups, probes) count too, so a side's first timed sample is covered
+                # untimed runs (warm-ups, probes) count too, so a side's first timed sample is covered.
+                # Only where that host code is ours (a Triton task's cubins, launched by tools/triton_launch):
+                # a C/C++ entry point's host time is the candidate's and stays on the clock (0: the fixed spin)
                 per_call = (time.perf_counter() - enqueue_started) / max(1, len(calls))
                 self.enqueue_per_call_s = max(per_call, 0.9 * self.enqueue_per_call_s)
             if cuda and timed:
