@@ -67,6 +67,11 @@ class GateConfig(BaseModel):
     escape_sigmas: float = 4.0
     escape_rel_floor: float = 0.03
     escape_abs_floor_s: float = 1e-6
+    # device work after a timed sample's end event (CUDA, on the device's clock, every timed sample): the
+    # candidate's median per call may exceed the best's by a few robust standard errors of the best's own
+    # median plus a small floor (0.5 us: about the host's wake-up jitter after a device sync)
+    escape_trail_rel_floor: float = 0.02
+    escape_trail_abs_floor_s: float = 0.5e-6
     # CPU after answering, over every timed call (an honest runner sits blocked on its pipe)
     after_return_abs_s: float = 30e-6
     after_return_rel: float = 0.05
@@ -577,6 +582,20 @@ class Gate:
                 f"of which after return {fmt_us(s.after_return_b)} vs {fmt_us(s.after_return_a)} "
                 f"(timed {fmt_us(s.time_b)} vs {fmt_us(s.time_a)}; wall until idle {fmt_us(s.wall_b)} vs {fmt_us(s.wall_a)}; "
                 f"{s.probes} cold probes each)" for s in escaped)
+        if self.task.on_gpu:
+            untrailed = [s for s in ab.shapes if not (_finite(s.trail_a) and _finite(s.trail_b) and _finite(s.trail_a_se)
+                                                       and s.trail_samples > 0)]
+            if untrailed:
+                return "timing", ("device work after the timed region not measured (cannot rule out work left on other "
+                                  "streams) on " + ", ".join(s.shape for s in untrailed))
+            trailed = [s for s in ab.shapes if s.trail_b - s.trail_a > self.trail_allowance(s)]
+            if trailed:
+                return "timing", "work outside the timed region (device work left running after the timed stream's end): " + "; ".join(
+                    f"{s.shape}: the device stayed busy {fmt_us(s.trail_b)} per call after the timed region vs "
+                    f"{fmt_us(s.trail_a)} for the best (median of {s.trail_samples} timed samples each, on the device's "
+                    f"clock; allowed {fmt_us(self.trail_allowance(s))} more: {self.config.escape_sigmas:g} x sqrt 2 x the "
+                    f"best's spread {fmt_us(s.trail_a_se)}, floor {self.config.escape_trail_rel_floor:.0%} of its time "
+                    f"{fmt_us(s.time_a)})" for s in trailed)
         if self._speedup_not_finite(ab):
             return "undecided", (
                 f"{UNDECIDED}: the speedup is not finite and positive. To decide: re-submit the same change with a longer "
@@ -668,6 +687,14 @@ class Gate:
         cfg = self.config
         se = s.extra_a_se if _finite(s.extra_a_se) else math.inf
         return max(cfg.escape_abs_floor_s, cfg.escape_rel_floor * s.time_a) + cfg.escape_sigmas * math.sqrt(2) * se
+
+    def trail_allowance(self, s) -> float:
+        """Seconds per call the candidate's device work after the timed region may exceed the best's by: as
+        `escape_allowance`, but from the spread of the best's own median over every timed sample (it narrows
+        with the samples, unlike the few probes, and no pipe's jitter is in it), plus a small floor."""
+        cfg = self.config
+        se = s.trail_a_se if _finite(s.trail_a_se) else math.inf
+        return max(cfg.escape_trail_abs_floor_s, cfg.escape_trail_rel_floor * s.time_a) + cfg.escape_sigmas * math.sqrt(2) * se
 
     def _escaped(self, s) -> bool:
         """Like with like: both sides measured by the same cold probes; only the difference counts,

@@ -85,7 +85,10 @@ def run_trials(gate: Gate, slot: StandbySlot, shape: str, path_a: str, path_b: s
                     "pairs": ab.pairs, "timing_s": ab.timing_seconds, "decision_s": round(per_decision, 3),
                     "overhead_s": round(per_decision - ab.timing_seconds, 3), "stopped": ab.stopped_because,
                     "reason": v.reason, "passes": v.ab.passes if v.ab else 0, "pass_seconds": ab.pass_seconds,
-                    "log_ratio": v.ab.shapes[0].log_speedup if v.ab and v.ab.shapes else float("nan")})
+                    "log_ratio": v.ab.shapes[0].log_speedup if v.ab and v.ab.shapes else float("nan"),
+                    # per pass, each side's seconds per call: another statistic can be tried on the same draws
+                    "pass_a": list(ab.shapes[0].pass_a) if ab.shapes else [],
+                    "pass_b": list(ab.shapes[0].pass_b) if ab.shapes else []})
         log(f"{label} trial {i + 1}/{n}: {'ACCEPT' if v.accepted else 'reject'} x{v.speedup:.4f} "
             f"[{v.speedup_lo:.4f}, {v.speedup_hi:.4f}] {ab.passes} passes {ab.pairs} pairs {ab.timing_seconds:.2f} s "
             f"({ab.stopped_because})")

@@ -4,12 +4,14 @@
         [--fractions 0.05,0.1,0.2] [--trials 10] [--max-seconds 2] [--json OUT.json]
 
 Per shape: best = the softmax as it is; candidates = the same softmax plus a spin of f x (the best's
-measured time) on a second, non-blocking stream (the task's KLOOP_TEST_HIDDEN_NS hook: a test-only
-build the audit would refuse), so the timed stream is unchanged and the hidden work is exactly f of a
-call. Each case runs `--trials` decisions through the gate's real judge (as bench/gate_bench.py: one
+measured time) on a second, non-blocking stream that starts when the call's work on the timed stream
+ends (the task's KLOOP_TEST_HIDDEN_NS hook: a test-only build the audit would refuse), so the timed
+stream is unchanged and the hidden work is exactly f of a call, all of it after the timed region.
+Each case runs `--trials` decisions through the gate's real judge (as bench/gate_bench.py: one
 sandboxed judge per case, `Gate.judge` on each trial) and counts how many say "work outside the timed
 region". A/A (f = 0) must never say so. Prints per shape and fraction: the caught rate, the best's
-time, the hidden work per call, and the allowance the gate applied (Gate.escape_allowance).
+time, the hidden work per call, and the two allowances the gate applied: the judge-clock probes'
+(Gate.escape_allowance) and the device clock's over every timed sample (Gate.trail_allowance).
 """
 
 from __future__ import annotations
@@ -48,9 +50,19 @@ def decisions(gate: Gate, slot: StandbySlot, shape: str, best: str, cand: str, n
     return [(gate.judge(ab), ab) for ab in (res.trials or [res.ab])]
 
 
+# The spin waits for the call's work on the timed stream (an event), so all of it runs after the timed
+# region's end: work a side stream does beside the call, overlapped, is inside the wall the end event
+# times, and costs a user nothing more than what was timed (a 1-thread spin there once read as "hidden"
+# work that no clock could see, because there was none to see)
 HIDDEN_HOOK = """#ifdef KLOOP_TEST_HIDDEN_NS
     static cudaStream_t side = nullptr;
-    if (side == nullptr) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    static cudaEvent_t timed_done = nullptr;
+    if (side == nullptr) {
+        cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+        cudaEventCreateWithFlags(&timed_done, cudaEventDisableTiming);
+    }
+    cudaEventRecord(timed_done, stream);
+    cudaStreamWaitEvent(side, timed_done, 0);
     kloop_test_delay<<<1, 1, 0, side>>>(static_cast<unsigned long long>(KLOOP_TEST_HIDDEN_NS));
 #endif
 """
@@ -71,6 +83,11 @@ def _with_hidden_hook(task: Path, dest: Path) -> Path:
     text = text.replace("#if defined(KLOOP_TEST_DELAY_NS)", "#if defined(KLOOP_TEST_DELAY_NS) || defined(KLOOP_TEST_HIDDEN_NS)", 1)
     src.write_text(text.replace(tail, HIDDEN_HOOK + tail, 1))
     return out
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(x for x in xs if x == x)
+    return xs[len(xs) // 2] if xs else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,14 +126,20 @@ def main(argv: list[str] | None = None) -> int:
                 verdicts = decisions(gate, slot, shape, best, cand, args.trials)
                 caught = sum("outside the timed region" in v.reason for v, _ in verdicts)
                 allow = [gate.escape_allowance(v.ab.shapes[0]) for v, _ in verdicts if v.ab and v.ab.shapes]
+                trail_allow = [gate.trail_allowance(v.ab.shapes[0]) for v, _ in verdicts if v.ab and v.ab.shapes]
+                trail_diff = [v.ab.shapes[0].trail_b - v.ab.shapes[0].trail_a for v, _ in verdicts
+                              if v.ab and v.ab.shapes and v.ab.shapes[0].trail_a is not None]
                 row = {"shape": shape, "best_s": t, "fraction": f, "hidden_ns": ns, "trials": len(verdicts),
                        "caught": caught, "accepted": sum(v.accepted for v, _ in verdicts),
                        "allowance_s_median": sorted(allow)[len(allow) // 2] if allow else None,
                        "extra_diff_s": [v.ab.shapes[0].extra_b - v.ab.shapes[0].extra_a for v, _ in verdicts if v.ab],
+                       "trail_allowance_s_median": _median(trail_allow), "trail_diff_s": trail_diff,
                        "reasons": [v.reason[:200] for v, _ in verdicts]}
                 rows.append(row)
                 print(f"{shape}: best {t * 1e6:.1f} us, hidden {ns / 1e3:.1f} us ({f:.0%}): caught {caught}/{len(verdicts)}, "
-                      f"accepted {row['accepted']}, allowance ~{(row['allowance_s_median'] or 0) * 1e6:.2f} us", flush=True)
+                      f"accepted {row['accepted']}; probes' allowance ~{(row['allowance_s_median'] or 0) * 1e6:.2f} us, "
+                      f"device-clock allowance ~{(row['trail_allowance_s_median'] or 0) * 1e6:.2f} us, its excess "
+                      f"~{(_median(trail_diff) or 0) * 1e6:.2f} us", flush=True)
                 if args.json:
                     args.json.write_text(json.dumps({"device": info.model_dump(mode="json"), "rows": rows}, indent=1))
     finally:

@@ -27,7 +27,8 @@ from tools.check import compare, describe_error, poison, refill
 from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
 from tools.protocol import WorkerRequest
-from tools.stats import MIN_EVIDENCE_STRETCH, DecisionRules, PassCriterion, median as _median, robust_se_of_quartile
+from tools.stats import (MIN_EVIDENCE_STRETCH, DecisionRules, PassCriterion, median as _median, robust_se_of_median,
+                         robust_se_of_quartile)
 from tools.timing import SET_MEMORY_CAP, calibrate, tensors_bytes
 
 # Each pass pays for fresh inputs, two cold probes and re-checks against the reference (for a big
@@ -58,6 +59,7 @@ class _Shape:
         self.problem: str | None = None  # first wrong timed output seen
         self.probes = {"a": [], "b": []}  # (wall, extra, idle_cpu) per cold integrity probe
         self.after_return = {"a": [], "b": []}  # CPU seconds per call used after answering, per timed sample
+        self.trails = {"a": [], "b": []}  # CUDA: seconds per call the device stayed busy after the end event, per timed sample
 
     def key(self, i: int):
         return (self.name, i)
@@ -168,6 +170,12 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
             setattr(row, f"extra_{which}", getattr(row, f"extra_{which}") + leak)
             setattr(row, f"idle_cpu_{which}", getattr(row, f"idle_cpu_{which}") + leak)
             setattr(row, f"after_return_{which}", leak)
+        if device.type == "cuda":
+            # device work after the timed region, on the device's clock over every timed sample (hundreds, not
+            # the probes' few): the median per side, and the spread of the best's own for the allowance
+            row.trail_a, row.trail_b = (_median_or_nan(st.trails[w]) for w in ("a", "b"))
+            row.trail_a_se = robust_se_of_median(st.trails["a"])
+            row.trail_samples = min(len(st.trails["a"]), len(st.trails["b"]))
         row.rechecked = st.rechecked
         row.passes = st.passes
         row.timed_outputs_ok = st.problem is None and st.rechecked > 0
@@ -176,6 +184,13 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
     report.speedup = total.speedup
     report.speedup_lo, report.speedup_hi = total.interval(rules.alpha)
     return report
+
+
+def _median_or_nan(xs: list[float]) -> float:
+    """The median, NaN if any value is missing (the gate then fails closed)."""
+    if not xs or not all(math.isfinite(x) for x in xs):
+        return float("nan")
+    return _median(xs)
 
 
 def _low_quartile(xs: list[float]) -> float:
@@ -215,6 +230,7 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
     rng.shuffle(order)
     pairs = n // st.k
     leak0 = {"a": len(lib_a.sample_leaks), "b": len(lib_b.sample_leaks)}
+    trail0 = {"a": len(lib_a.sample_trails), "b": len(lib_b.sample_trails)}
     first = len(st.ta)
     for p in range(pairs):
         keys = [st.key(i) for i in order[p * st.k:(p + 1) * st.k]]
@@ -235,6 +251,7 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
     spent["timed calls"] = spent.get("timed calls", 0.0) + measured
     for which, lib in (("a", lib_a), ("b", lib_b)):
         st.after_return[which].extend(lib.sample_leaks[leak0[which]:])
+        st.trails[which].extend(lib.sample_trails[trail0[which]:])
     # the pass's whole time per side, every call counted: what the criterion and the verdict see
     st.pass_sums.append((st.k * sum(st.ta[first:]), st.k * sum(st.tb[first:]), st.k * pairs, pairs))
     called = order[:pairs * st.k]

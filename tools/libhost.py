@@ -209,9 +209,19 @@ class Host:
             if cuda and timed:
                 end.record()
                 times.append((start, end))
+        out: dict = {}
         if cuda:
             torch.cuda.synchronize()  # every stream of this context idle before the answer
-        return {"times": [s.elapsed_time(e) * 1e-3 for s, e in times]}
+            if times:
+                # on the device's clock: from the last timed call's end event on this stream until every
+                # stream of the context was idle (and the host saw it). Work left on another stream shows
+                # here whole, like for like with the best's (its own host wake-up is the same); the gate
+                # bounds the difference by the best's measured spread (agent/gate.py `_trailed`)
+                idle = torch.cuda.Event(enable_timing=True)
+                idle.record()
+                idle.synchronize()
+                out["trailing"] = [times[-1][1].elapsed_time(idle) * 1e-3]
+        return {"times": [s.elapsed_time(e) * 1e-3 for s, e in times], **out}
 
     def flush(self) -> dict:
         if self.device.type == "cuda":

@@ -139,6 +139,14 @@ class ShapeAB(BaseModel):
     # probes); an honest runner sits blocked on its pipe. Also included in extra_*.
     after_return_a: float | None = None
     after_return_b: float | None = None
+    # CUDA: seconds per call the device stayed busy after a timed sample's end event (on the device's clock,
+    # until every stream of the runner's context was idle), the median over every timed sample of each side,
+    # and the robust standard error of the best's median. Work left on another stream shows here whole.
+    # None: not a CUDA timing; NaN: not measured (the gate fails closed)
+    trail_a: float | None = None
+    trail_b: float | None = None
+    trail_a_se: float | None = None
+    trail_samples: int = 0
     floor_s: float | None = None  # physics floor: no honest call can take less (roofline at generous peaks)
     passes: int = 0  # passes over the input sets (fresh values and poisoned outputs before each)
     rechecked: int = 0  # candidate outputs of timed calls checked against the reference

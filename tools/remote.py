@@ -55,6 +55,9 @@ class RemoteLib:
         # the same per timed sample (seconds per call): CPU time of background threads (the CUDA driver's)
         # comes in rare spikes, work after return in every sample, so the judge compares medians
         self.sample_leaks: list[float] = []
+        # CUDA: per timed sample, seconds per call the device stayed busy after the sample's end event
+        # (work left on other streams; NaN when the runner did not say)
+        self.sample_trails: list[float] = []
         self._idle_from: int | None = None
         self._pending: tuple[list, int, int] | None = None  # (sink, index, calls) of the last sample
 
@@ -166,6 +169,7 @@ class RemoteLib:
             wall = time.perf_counter() - t0
             self._answered()
             t = _seconds(reply.get("times"), 0)
+            self.sample_trails.append(_seconds(reply.get("trailing"), 0) / len(keys))
             # events can only under-report through a lying runner; never more than the judge's own clock
             return t if t <= wall else float("nan")
         self.timer.flush()  # the runner is frozen meanwhile; what it used since its answer is charged by _gap
