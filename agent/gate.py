@@ -69,7 +69,7 @@ class GateConfig(BaseModel):
     escape_abs_floor_s: float = 1e-6
     # device work after a timed sample's end event (CUDA, on the device's clock, every timed sample): the
     # candidate's median per call may exceed the best's by a few robust standard errors of the best's own
-    # median plus a small floor (0.5 us: about the host's wake-up jitter after a device sync)
+    # median plus a small floor (0.5 us a sample: about the host's wake-up jitter after a device sync)
     escape_trail_rel_floor: float = 0.02
     escape_trail_abs_floor_s: float = 0.5e-6
     # CPU after answering, over every timed call (an honest runner sits blocked on its pipe)
@@ -694,7 +694,8 @@ class Gate:
         with the samples, unlike the few probes, and no pipe's jitter is in it), plus a small floor."""
         cfg = self.config
         se = s.trail_a_se if _finite(s.trail_a_se) else math.inf
-        return max(cfg.escape_trail_abs_floor_s, cfg.escape_trail_rel_floor * s.time_a) + cfg.escape_sigmas * math.sqrt(2) * se
+        per_sample_floor = cfg.escape_trail_abs_floor_s / max(1, s.calls_per_sample)  # the values are per call
+        return max(per_sample_floor, cfg.escape_trail_rel_floor * s.time_a) + cfg.escape_sigmas * math.sqrt(2) * se
 
     def _escaped(self, s) -> bool:
         """Like with like: both sides measured by the same cold probes; only the difference counts,

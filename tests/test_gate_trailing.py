@@ -73,3 +73,12 @@ def test_cpu_tasks_need_no_trailing_times():
     cpu = Gate(Path(__file__).resolve().parents[1] / "kernels" / "matmul_cpu", "kernels/matmul_cpu")
     v = cpu.judge(report(shape("sq192", 1.10)))
     assert v.accepted, v.reason
+
+
+def test_the_absolute_floor_is_per_sample(gate):
+    """Short calls are timed several to a sample and the trailing time is per call: the 0.5 us floor (the
+    host's wake-up after a sync) is per sample, so 10% of a 5 us call is still above it."""
+    one = gpu_shape("65536x4096", 1.1, ta=5e-6, trail_a_se=0.01e-6)
+    ten = gpu_shape("65536x4096", 1.1, ta=5e-6, trail_a_se=0.01e-6)
+    ten.calls_per_sample = 10
+    assert gate.trail_allowance(ten) < 0.10 * 5e-6 < gate.trail_allowance(one)

@@ -176,6 +176,7 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
             row.trail_a, row.trail_b = (_median_or_nan(st.trails[w]) for w in ("a", "b"))
             row.trail_a_se = robust_se_of_median(st.trails["a"])
             row.trail_samples = min(len(st.trails["a"]), len(st.trails["b"]))
+        row.calls_per_sample = st.k
         row.rechecked = st.rechecked
         row.passes = st.passes
         row.timed_outputs_ok = st.problem is None and st.rechecked > 0

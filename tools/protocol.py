@@ -147,6 +147,7 @@ class ShapeAB(BaseModel):
     trail_b: float | None = None
     trail_a_se: float | None = None
     trail_samples: int = 0
+    calls_per_sample: int = 1  # calls in one timed sample (short kernels are timed several to a sample)
     floor_s: float | None = None  # physics floor: no honest call can take less (roofline at generous peaks)
     passes: int = 0  # passes over the input sets (fresh values and poisoned outputs before each)
     rechecked: int = 0  # candidate outputs of timed calls checked against the reference
