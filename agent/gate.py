@@ -68,8 +68,8 @@ class GateConfig(BaseModel):
     escape_rel_floor: float = 0.03
     escape_abs_floor_s: float = 1e-6
     # device work after a timed sample's end event (CUDA, on the device's clock, every timed sample): the
-    # candidate's median per call may exceed the best's by a few robust standard errors of the best's own
-    # median plus a small floor (0.5 us a sample: about the host's wake-up jitter after a device sync)
+    # candidate's lower quartile per call may exceed the best's by a few robust standard errors of the best's
+    # own plus a small floor (0.5 us a sample: about the host's wake-up jitter after a device sync)
     escape_trail_rel_floor: float = 0.02
     escape_trail_abs_floor_s: float = 0.5e-6
     # CPU after answering, over every timed call (an honest runner sits blocked on its pipe)
@@ -592,7 +592,7 @@ class Gate:
             if trailed:
                 return "timing", "work outside the timed region (device work left running after the timed stream's end): " + "; ".join(
                     f"{s.shape}: the device stayed busy {fmt_us(s.trail_b)} per call after the timed region vs "
-                    f"{fmt_us(s.trail_a)} for the best (median of {s.trail_samples} timed samples each, on the device's "
+                    f"{fmt_us(s.trail_a)} for the best (lower quartile of {s.trail_samples} timed samples each, on the device's "
                     f"clock; allowed {fmt_us(self.trail_allowance(s))} more: {self.config.escape_sigmas:g} x sqrt 2 x the "
                     f"best's spread {fmt_us(s.trail_a_se)}, floor {self.config.escape_trail_rel_floor:.0%} of its time "
                     f"{fmt_us(s.time_a)})" for s in trailed)
@@ -690,7 +690,7 @@ class Gate:
 
     def trail_allowance(self, s) -> float:
         """Seconds per call the candidate's device work after the timed region may exceed the best's by: as
-        `escape_allowance`, but from the spread of the best's own median over every timed sample (it narrows
+        `escape_allowance`, but from the spread of the best's own trailing times over every timed sample (it narrows
         with the samples, unlike the few probes, and no pipe's jitter is in it), plus a small floor."""
         cfg = self.config
         se = s.trail_a_se if _finite(s.trail_a_se) else math.inf

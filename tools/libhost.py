@@ -211,13 +211,6 @@ class Host:
                 times.append((start, end))
         out: dict = {}
         if cuda:
-            if times:
-                # wait for the timed stream by polling its end event first: the device sync below then finds
-                # an honest call's device idle and returns at once, where its own wait (a blocking sync when
-                # the sandbox leaves few CPUs) wakes 10-50 us late at random, noise the trailing time
-                # below would carry (an A/A on the H200 read 20 us apart on a 490 us call)
-                while not times[-1][1].query():
-                    pass
             torch.cuda.synchronize()  # every stream of this context idle before the answer
             if times:
                 # on the device's clock: from the last timed call's end event on this stream until every

@@ -140,8 +140,8 @@ class ShapeAB(BaseModel):
     after_return_a: float | None = None
     after_return_b: float | None = None
     # CUDA: seconds per call the device stayed busy after a timed sample's end event (on the device's clock,
-    # until every stream of the runner's context was idle), the median over every timed sample of each side,
-    # and the robust standard error of the best's median. Work left on another stream shows here whole.
+    # until every stream of the runner's context was idle), the lower quartile over every timed sample of each
+    # side, and the robust standard error of the best's. Work left on another stream shows here whole.
     # None: not a CUDA timing; NaN: not measured (the gate fails closed)
     trail_a: float | None = None
     trail_b: float | None = None

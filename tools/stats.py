@@ -255,11 +255,6 @@ def robust_se_of_quartile(values: list[float]) -> float:
     return _robust_se(values, 1.36)
 
 
-def robust_se_of_median(values: list[float]) -> float:
-    """Standard error of a sample's median, the same way (1.2533 sigma / sqrt(n) for normal data)."""
-    return _robust_se(values, 1.2533)
-
-
 def _robust_se(values: list[float], factor: float) -> float:
     xs = [x for x in values if math.isfinite(x)]
     if len(xs) < 2 or len(xs) < len(values):
