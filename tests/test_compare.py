@@ -65,3 +65,34 @@ def test_compare_agrees_with_an_fp64_oracle(label, got, want, atol, rtol, norm_r
     if not err.passed and err.mismatches:
         w = want.double().flatten()[math.prod(err.worst_index) if len(err.worst_index) == 1 else 0]
         assert len(err.worst_index) == 1 and err.worst_want == pytest.approx(float(w), nan_ok=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_quick_path_gives_the_general_path_s_figures_exactly(dtype, seed):
+    """An output that passes with every value finite takes a shorter path (fewer passes over memory, for the
+    gate's re-checks of big outputs); its figures must be the general path's to the bit, and anything else
+    (a mismatch, a non-finite value, a norm over its bound) must go the general way."""
+    from tools.check import _NARROW_FLOATS, _general, _passing_finite
+
+    gen = torch.Generator().manual_seed(seed)
+    want = torch.randn(4099, generator=gen, dtype=torch.float32) * 10 ** (seed - 2)
+    got = (want * (1 + 1e-3 * torch.randn(4099, generator=gen))).to(dtype)
+    atol, rtol = 2e-2 * 10 ** (seed - 2), 1e-2
+    dt = torch.float32 if got.dtype in _NARROW_FLOATS else torch.float64
+    g, w = got.to(dt), want.to(dt)
+    slow = _general("y", g, w, atol, rtol, 0.05, 4099, (4099,), dt)
+    quick = _passing_finite("y", g, w, atol, rtol, 0.05, 4099)
+    assert slow.passed and quick is not None
+    assert quick.model_dump() == slow.model_dump()
+    assert compare("y", got, want, atol, rtol, 0.05).model_dump() == slow.model_dump()
+    # what the quick path must hand on: one element out of bounds, a NaN, an inf, a norm over its bound
+    for bad in ("mismatch", "nan", "inf", "norm"):
+        g2 = g.clone()
+        if bad == "mismatch":
+            g2[7] = w[7] + 10 * (atol + rtol * abs(float(w[7])))
+        elif bad != "norm":
+            g2[7] = float(bad)
+        assert _passing_finite("y", g2, w, atol, rtol, 0.0 if bad == "norm" else 0.05, 4099) is None, bad
+        full = compare("y", g2.to(dtype), want, atol, rtol, 0.0 if bad == "norm" else 0.05)
+        assert not full.passed and full.worst_index == [7] or bad == "norm", (bad, full)

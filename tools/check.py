@@ -9,6 +9,7 @@ after every candidate call has run, so no reference output exists in memory whil
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -93,6 +94,38 @@ def compare(name: str, got: torch.Tensor | None, want: torch.Tensor, atol: float
     dt = torch.float32 if got.dtype in _NARROW_FLOATS and want.dtype in _NARROW_FLOATS else torch.float64
     g = got.detach().to(want.device, dt).flatten()
     w = want.detach().to(dt).flatten()
+    quick = _passing_finite(name, g, w, atol, rtol, norm_rtol, numel)
+    return quick if quick is not None else _general(name, g, w, atol, rtol, norm_rtol, numel, tuple(want.shape), dt)
+
+
+def _passing_finite(name: str, g: torch.Tensor, w: torch.Tensor, atol: float, rtol: float, norm_rtol: float | None,
+                    numel: int) -> OutputError | None:
+    """The figures of an output that passes with every difference finite (the gate's re-checks, nearly
+    always): the same numbers as `_general`, from 13 passes over memory instead of about 28 (a 268M-element
+    re-check is most of a pass's seconds on the H200). None where some difference is not finite or the
+    output fails: `_general` then decides, and says where it is worst."""
+    diff = torch.sub(g, w).abs_()
+    aw = w.abs()
+    bound = aw.mul(rtol).add_(atol)  # the same operations, in the same order, as `_general`'s bound
+    mismatches = torch.gt(diff, bound).sum()
+    del bound
+    max_abs, err_norm = diff.max(), torch.linalg.vector_norm(diff)
+    rel = diff.div_(aw.clamp_min_(max(atol, 1e-30))).max()
+    stats = torch.stack([max_abs.to(torch.float64), mismatches.to(torch.float64), rel.to(torch.float64),
+                         torch.linalg.vector_norm(w).to(torch.float64), err_norm.to(torch.float64)]).tolist()
+    if not all(math.isfinite(x) for x in stats) or stats[1] != 0:  # a NaN or Inf anywhere shows in the max
+        return None
+    ref_norm, err_norm = stats[3], stats[4]
+    norm_rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
+    if norm_rtol is not None and not norm_rel <= norm_rtol:
+        return None
+    return OutputError(name=name, passed=True, max_abs=stats[0], max_rel=stats[2], norm_rel=norm_rel,
+                       nonfinite=0, mismatches=0, numel=numel)
+
+
+def _general(name: str, g: torch.Tensor, w: torch.Tensor, atol: float, rtol: float, norm_rtol: float | None,
+             numel: int, shape: tuple[int, ...], dt: torch.dtype) -> OutputError:
+    """Any output, non-finite values on either side included, and where a failing one is worst."""
     ref_finite = torch.isfinite(w)
     # where the reference itself is not finite the output must match it exactly (e.g. -inf LSE);
     # a NaN reference is matched by nothing
@@ -121,8 +154,12 @@ def compare(name: str, got: torch.Tensor | None, want: torch.Tensor, atol: float
     err = OutputError(name=name, passed=passed, max_abs=max_abs, max_rel=max_rel, norm_rel=norm_rel,
                       nonfinite=nonfinite, mismatches=mismatches, numel=numel)
     if not passed:  # where it is worst: the element furthest outside its bound (or the largest error)
-        worst = int(torch.argmax(torch.where(bad, diff / bound.clamp_min(torch.finfo(dt).tiny), diff)))
-        err.worst_index = list(_unravel(worst, tuple(want.shape)))
+        # among the elements out of bounds, by how far (a ratio); where none is (a norm over its bound), the
+        # largest error. (Once ratio and raw error were mixed, so a within-bounds element with a large
+        # error was named the worst over the one out of bounds.)
+        ratio = diff / bound.clamp_min(torch.finfo(dt).tiny)
+        worst = int(torch.argmax(torch.where(bad, ratio, -1.0)) if mismatches else torch.argmax(diff))
+        err.worst_index = list(_unravel(worst, shape))
         err.worst_got, err.worst_want = float(g[worst]), float(w[worst])
     return err
 
