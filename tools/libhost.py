@@ -216,7 +216,7 @@ class Host:
                 # on the device's clock: from the last timed call's end event on this stream until every
                 # stream of the context was idle (and the host saw it). Work left on another stream shows
                 # here whole, like for like with the best's (its own host wake-up is the same); the gate
-                # bounds the difference by the best's measured spread (agent/gate.py `_trailed`)
+                # bounds the difference by the best's measured spread (`Gate.trail_allowance`)
                 idle = torch.cuda.Event(enable_timing=True)
                 idle.record()
                 idle.synchronize()

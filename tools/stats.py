@@ -252,16 +252,12 @@ def median(values: list[float]) -> float:
 def robust_se_of_quartile(values: list[float]) -> float:
     """Standard error of a sample's lower quartile, from its spread measured robustly
     (1.4826 x MAD estimates sigma; the quartile's SE is 1.36 sigma / sqrt(n) for normal data)."""
-    return _robust_se(values, 1.36)
-
-
-def _robust_se(values: list[float], factor: float) -> float:
     xs = [x for x in values if math.isfinite(x)]
     if len(xs) < 2 or len(xs) < len(values):
         return float("nan")
     m = median(xs)
     sigma = 1.4826 * median([abs(x - m) for x in xs])
-    return factor * sigma / math.sqrt(len(xs))
+    return 1.36 * sigma / math.sqrt(len(xs))
 
 
 def workload_time(values: list[float], weights: list[float]) -> float | None:
