@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 import string
-from pathlib import Path
 from typing import Any
 
 from agent.locations import prompts_dir
