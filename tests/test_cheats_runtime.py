@@ -61,6 +61,12 @@ inputs_same = bool(torch.equal(ca, a0))
 t_cheat = best_time(x, a, b, c)
 t_honest_after = best_time(h, a, b, c, 10)
 out = {"ok": ok, "inputs_same": inputs_same, "t_honest": t_honest, "t_cheat": t_cheat, "t_honest_after": t_honest_after}
+if mode == "interleave":  # one call of each in turn: a load that comes and goes slows both alike
+    tx, th = [], []
+    for _ in range(40):
+        t = time.perf_counter(); call(x, a, b, c); tx.append(time.perf_counter() - t)
+        t = time.perf_counter(); call(h, a, b, c); th.append(time.perf_counter() - t)
+    out["t_cheat_interleaved"], out["t_honest_interleaved"] = min(tx[-20:]), min(th[-20:])
 try:
     out["found"] = x.kloop_cheat_found()
 except AttributeError:
@@ -69,9 +75,11 @@ print(json.dumps(out))
 """
 
 
-def naive(cheat_lib: str, honest_lib: str, check_n: int = 96, time_n: int = 192, env: dict | None = None) -> dict:
-    """The naive in-process harness, in a throwaway process (the cheats leave threads and patches)."""
-    proc = subprocess.run([sys.executable, "-c", NAIVE, cheat_lib, honest_lib, str(check_n), str(time_n), "-"],
+def naive(cheat_lib: str, honest_lib: str, check_n: int = 96, time_n: int = 192, env: dict | None = None,
+          mode: str = "-") -> dict:
+    """The naive in-process harness, in a throwaway process (the cheats leave threads and patches).
+    mode "interleave": also the cheat and the honest library timed in turn, after the rest."""
+    proc = subprocess.run([sys.executable, "-c", NAIVE, cheat_lib, honest_lib, str(check_n), str(time_n), mode],
                           capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -85,7 +93,10 @@ def faster(r: dict, factor: float = 3.0) -> bool:
 CASES = {
     "rt_cache_pointer": (faster, ("check",), ["wrong results", "call 1"]),
     "rt_cache_content": (faster, ("timing", "undecided"), []),  # the cache never hits: no gain left
-    "rt_patch_other": (lambda r: r["ok"] and r["t_honest_after"] > 1.5 * r["t_cheat"], ("timing", "undecided"), []),
+    # the best, patched, does its work twice: timed in turn with the cheat, so a CI neighbour's load that
+    # comes and goes cannot make the two look alike (timed one after the other they once read 8.1 and 8.3 ms)
+    "rt_patch_other": (lambda r: r["ok"] and r["t_honest_interleaved"] > 1.5 * r["t_cheat_interleaved"],
+                       ("timing", "undecided"), []),
     "rt_pyapi": (faster, ("timing", "undecided"), []),
     "rt_input_scratch": (lambda r: r["ok"] and r["inputs_same"], ("check",), ["modified its inputs"]),
     "rt_count_calls": (faster, ("timing",), ["outputs of timed calls are wrong"]),
@@ -129,7 +140,7 @@ def test_runtime_cheat_fools_a_naive_harness_and_not_the_gate(cheat, gate, hones
     assert built.ok, built.error_text()
     env = {"KLOOP_TEST_SECRET": "s3cr3t"} if cheat == "rt_read_environ" else None
     check_n = 64 if cheat == "rt_shape_special" else 96
-    r = naive(built.lib, honest.lib, check_n=check_n, env=env)
+    r = naive(built.lib, honest.lib, check_n=check_n, env=env, mode="interleave" if cheat == "rt_patch_other" else "-")
     assert fooled(r), f"{cheat} does not fool the naive harness: {r}"
 
     os.environ["KLOOP_TEST_SECRET"] = "s3cr3t"  # the session holds a secret; the judge and runners must not
@@ -170,7 +181,8 @@ def test_candidate_code_never_loads_into_the_judge(gate, honest):
 
 
 # A careful benchmark's harness: input sets rotated with fresh values every round, each timed call's
-# output compared (on copies of the inputs it was given) when it returns, inputs compared after it.
+# output compared (on copies of the inputs it was given) when it returns, inputs compared after it; the
+# honest library and the cheat called in turn, each on its own sets.
 NAIVE_ROTATING = r"""
 import ctypes, json, sys, time, torch
 cheat, honest, n, sets, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -179,25 +191,29 @@ def load(p):
     lib = ctypes.CDLL(p); lib.kloop_matmul.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3; return lib
 def call(lib, a, b, c):
     lib.kloop_matmul(a.data_ptr(), b.data_ptr(), c.data_ptr(), a.shape[0], b.shape[1], a.shape[1])
-def timed(lib):
-    S = [(torch.empty(n, n), torch.empty(n, n), torch.empty(n, n)) for _ in range(sets)]
-    ts, wrong, changed = [], 0, 0
+def timed(libs):
+    # each library its own sets, called in turn: a load that comes and goes slows both alike
+    S = {k: [(torch.empty(n, n), torch.empty(n, n), torch.empty(n, n)) for _ in range(sets)] for k in libs}
+    ts, wrong, changed = {k: [] for k in libs}, dict.fromkeys(libs, 0), dict.fromkeys(libs, 0)
     for r in range(rounds):
-        for a, b, c in S:
-            a.normal_(); b.normal_(); c.fill_(float('nan'))
-        for a, b, c in S:
-            a0, b0 = a.clone(), b.clone()
-            t = time.perf_counter(); call(lib, a, b, c); ts.append(time.perf_counter() - t)
-            wrong += not torch.allclose(c, a0 @ b0, rtol=1e-3, atol=1e-3)
-            changed += not (torch.equal(a, a0) and torch.equal(b, b0))
-    ts.sort()
-    return ts[len(ts) // 2], wrong, changed
+        for k in libs:
+            for a, b, c in S[k]:
+                a.normal_(); b.normal_(); c.fill_(float('nan'))
+        for i in range(sets):
+            for k, lib in libs.items():
+                a, b, c = S[k][i]
+                a0, b0 = a.clone(), b.clone()
+                t = time.perf_counter(); call(lib, a, b, c); ts[k].append(time.perf_counter() - t)
+                wrong[k] += not torch.allclose(c, a0 @ b0, rtol=1e-3, atol=1e-3)
+                changed[k] += not (torch.equal(a, a0) and torch.equal(b, b0))
+    med = {k: sorted(v)[len(v) // 2] for k, v in ts.items()}
+    return med, wrong, changed
 h, x = load(honest), load(cheat)
 ca, cb, cc = torch.randn(96, 96), torch.randn(96, 96), torch.empty(96, 96)
 call(x, ca, cb, cc)
 ok = bool(torch.allclose(cc, ca @ cb, rtol=1e-3, atol=1e-3))
-t_h, _, _ = timed(h)
-t_x, wrong_x, changed_x = timed(x)
+med, wrong, changed = timed({"h": h, "x": x})
+t_h, t_x, wrong_x, changed_x = med["h"], med["x"], wrong["x"], changed["x"]
 print(json.dumps({"check_ok": ok, "speedup": t_h / t_x, "wrong_when_timed": wrong_x, "inputs_changed": changed_x}))
 """
 
@@ -219,7 +235,9 @@ def test_a_cheat_that_fools_a_careful_harness_and_not_the_gate(cheat, stages, wo
     built = build(gate.task, src_root=task_copy(tmp_path, cheat))
     assert built.ok, built.error_text()
     r = naive_rotating(built.lib, honest.lib)
-    assert r["check_ok"] and r["speedup"] > 1.4 and (r["wrong_when_timed"] or r["inputs_changed"]), r
+    # half the work: about x2 on an idle 2-core box, x1.33 beside a busy-looping process (its hyperthread
+    # sibling); timed in turn with the honest library, so the margin is the load's, not a load swing's
+    assert r["check_ok"] and r["speedup"] > 1.2 and (r["wrong_when_timed"] or r["inputs_changed"]), r
     v = gate.judge_built(built, honest)
     assert not v.accepted, v.summary()
     assert v.stage in stages, v.summary()
