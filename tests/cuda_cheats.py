@@ -2,10 +2,10 @@
 softmax.cu. Shared by the CPU test (they build and get past the static rules and the audit) and the
 GPU test (a naive harness is fooled, the gate is not).
 
-A cheat's task folder is the shipped task with the cheat as softmax.cu, plus two headers (the task's
-`*.cuh` are editable): `cu_common.cuh` (tests/cheats) and `softmax_baseline.cuh`, the shipped
+A cheat's task folder is the shipped task with the cheat as softmax.cu, plus three headers (the task's
+`*.cuh` are editable): `cu_common.cuh` (tests/cheats), `softmax_baseline.cuh`, the shipped
 softmax.cu itself, which the cheats that need the baseline bit for bit include under another entry
-point name.
+point name, and `libc_resolve.cuh` (tests/cheats/rt_libc_resolve.h: any libc function without an import).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "kernels" / "softmax"
 CHEATS = Path(__file__).resolve().parent / "cheats"
 CU_CHEATS = sorted(CHEATS.glob("cu_*.cu"))
-HEADERS = {"cu_common.cuh": CHEATS / "cu_common.cuh", "softmax_baseline.cuh": TASK / "softmax.cu"}
+HEADERS = {"cu_common.cuh": CHEATS / "cu_common.cuh", "softmax_baseline.cuh": TASK / "softmax.cu",
+           "libc_resolve.cuh": CHEATS / "rt_libc_resolve.h"}
 
 
 def kind_of(path: Path) -> str:
