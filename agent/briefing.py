@@ -5,7 +5,6 @@ The texts live in prompts/; this module computes the figures that fill them.
 
 from __future__ import annotations
 
-
 from tools.fmt import fmt_speedup, fmt_time
 from tools.roofline import PEAKS, device_key, peak_rates
 from tools.task import Task

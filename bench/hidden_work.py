@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                               if v.ab and v.ab.shapes and v.ab.shapes[0].trail_a is not None]
                 row = {"shape": shape, "best_s": t, "fraction": f, "hidden_ns": ns, "trials": len(verdicts),
                        "caught": caught, "accepted": sum(v.accepted for v, _ in verdicts),
-                       "allowance_s_median": sorted(allow)[len(allow) // 2] if allow else None,
+                       "allowance_s_median": _median(allow),
                        "extra_diff_s": [v.ab.shapes[0].extra_b - v.ab.shapes[0].extra_a for v, _ in verdicts if v.ab],
                        "trail_allowance_s_median": _median(trail_allow), "trail_diff_s": trail_diff,
                        "reasons": [v.reason[:200] for v, _ in verdicts]}
