@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 
 from agent.gate import GateConfig  # noqa: E402
 from tools.ab import MIN_PASSES, PAIRS_PER_PASS  # noqa: E402
-from tools.stats import DecisionRules, PassCriterion, look_alpha  # noqa: E402
+from tools.stats import MIN_EVIDENCE_STRETCH, DecisionRules, PassCriterion, look_alpha  # noqa: E402
 
 SHAPES = {"sq192": 1.0, "wide": 1.0}
 CALL_S = {"sq192": 2e-3, "wide": 1e-3}
@@ -66,11 +66,14 @@ def aa_passes(rng: np.random.Generator, n: int, calls: int = PAIRS_PER_PASS, jit
 
 
 def decide(passes: list[dict], look: int, cap: int, min_gain: float) -> str:
-    """One decision: the judge's stopping rule after every pass, at most `cap` passes, then the verdict."""
+    """One decision: the judge's stopping rule after every pass; at `cap` passes (the time cap) it stops
+    once the interval is narrow enough to decide, else goes on up to MIN_EVIDENCE_STRETCH x `cap`
+    (tools/ab.py); then the verdict."""
     crit = PassCriterion(SHAPES, rules(look, min_gain=min_gain))
-    for p in passes[:cap]:
+    stretch = int(MIN_EVIDENCE_STRETCH * cap)
+    for i, p in enumerate(passes[:stretch]):
         crit.add_measurement(p)
-        if crit.is_finished():
+        if crit.should_stop(i + 1 >= cap, i + 1 >= stretch):
             break
     return crit.decision().kind
 
@@ -83,7 +86,7 @@ def simulate(agents: int, tries: int, seed: int, min_gain: float = 0.01, cap0: i
         done = {"naive": False, "spent": False}
         for i in range(tries):
             cap = min(cap_max, cap0 * 2 ** i)  # each re-submit with a longer gate, up to the most
-            passes = aa_passes(rng, cap)
+            passes = aa_passes(rng, int(MIN_EVIDENCE_STRETCH * cap))
             for gate, look in (("naive", 1), ("spent", i + 1)):
                 if not done[gate] and decide(passes, look, cap, min_gain) == "accept":
                     done[gate] = True

@@ -23,7 +23,7 @@ import torch
 
 from tools.task import Task
 from tools.bench import make_sets
-from tools.check import compare, describe_error, poison, refill
+from tools.check import compare, describe_error, differing_elements, poison, refill
 from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
 from tools.protocol import WorkerRequest
@@ -59,6 +59,9 @@ class _Shape:
         self.probes = {"a": [], "b": []}  # (wall, extra, idle_cpu) per cold integrity probe
         self.after_return = {"a": [], "b": []}  # CPU seconds per call used after answering, per timed sample
         self.trails = {"a": [], "b": []}  # CUDA: seconds per call the device stayed busy after the end event, per timed sample
+        # CUDA: per side, outputs that receive a copy of a probe's outputs made on its stream right after the call
+        self.snapshots: dict[str, dict] = {}
+        self.snapshot_key = (name, "snapshot")
 
     def key(self, i: int):
         return (self.name, i)
@@ -116,6 +119,10 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         if added:
             lib_a.call(added)
             lib_b.call(added)
+        if device.type == "cuda":
+            for which, lib in (("a", lib_a), ("b", lib_b)):
+                st.snapshots[which] = share(spec.make_outputs(dims, st.sets[0][0]))
+                lib.bind(st.snapshot_key, dims, {}, st.snapshots[which])
         states.append(st)
     for lib in (lib_a, lib_b):  # what the runners spent setting up is booked now, not on the first timed sample
         lib.close_setup()
@@ -131,15 +138,14 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         if any(st.problem for st in states):
             stopped = "wrong timed outputs"
             break
-        if crit.is_finished():
-            stopped = crit.finished_because
-            break
         elapsed = time.monotonic() - started
-        # the cap holds once the passes can decide something; short of them, or with an interval still
-        # wider than the noise limit (a slow or loaded machine), timing goes on up to
-        # MIN_EVIDENCE_STRETCH x the cap rather than end in "too few passes" or "too wide". Stopping
-        # on the width alone, never on the estimate, keeps this free of optional stopping.
-        if elapsed >= max_seconds and (crit.can_decide() or elapsed >= MIN_EVIDENCE_STRETCH * max_seconds):
+        # the cap holds once the interval is narrow enough to decide (DecisionRules.decisive_halfwidth);
+        # short of the passes, or wider (a slow or noisy machine), timing goes on up to
+        # MIN_EVIDENCE_STRETCH x the cap rather than end in "too few passes", "too wide" or a straddle that
+        # only a re-submit (a stricter look) could settle. Past the cap the rule reads the width alone,
+        # never the estimate, so the stretch adds no optional stopping (PassCriterion.should_stop)
+        if crit.should_stop(elapsed >= max_seconds, elapsed >= MIN_EVIDENCE_STRETCH * max_seconds):
+            stopped = crit.finished_because
             break
 
     timing_seconds = time.monotonic() - started
@@ -268,10 +274,33 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
         fresh_values(spec, st, probe_set, gen, share, lib_a, lib_b)
         for which in (["b", "a"] if rng.random() < 0.5 else ["a", "b"]):
             lib = lib_a if which == "a" else lib_b
-            st.probes[which].append(lib.probe(st.key(probe_set), idle_s))
+            snap = st.snapshots.get(which)
+            if snap is not None:
+                poison(snap)
+            into = {"snapshot": st.snapshot_key} if snap is not None else {}
+            st.probes[which].append(lib.probe(st.key(probe_set), idle_s, **into))
+            if snap is not None and which == "b":  # the best copies too, so that both probes carry the same copy
+                problem = unfinished_outputs(snap, st.sets[probe_set][2])
+                if problem and st.problem is None:
+                    st.problem = f"pass {st.passes}, probe of set {probe_set}: {problem}"
     # the last probe's output (one reference more per pass: for attention shapes a reference is dear)
     _recheck(task, spec, st, probe_set, f"pass {st.passes}, probe of set {probe_set}")
     book("probes")
+
+
+def unfinished_outputs(at_stream_end: dict, at_idle: dict) -> str | None:
+    """The outputs as the call's stream left them (a copy enqueued on it right after the call) against
+    the same outputs once the whole device was idle: an honest call, whose stream completes only when
+    its outputs are written, leaves them equal bit for bit. Work on another stream that the call's
+    stream does not wait for is what differs: a user's next kernel on that stream would race it."""
+    problems = []
+    for name, final in at_idle.items():
+        n = differing_elements(at_stream_end[name], final)
+        if n:
+            problems.append(f"output {name}: {n} of {final.numel()} elements were written after the call's stream "
+                            "had finished (work left on another stream that the call's stream does not wait for: "
+                            "the next kernel on the stream would read them unfinished)")
+    return "; ".join(problems) if problems else None
 
 
 def _recheck(task: Task, spec: Spec, st: _Shape, i: int, where: str) -> None:

@@ -70,6 +70,22 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.numel() else t
 
 
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def differing_elements(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many elements of two same-shaped tensors differ bitwise (NaN == NaN here); all of them when
+    the shapes or dtypes differ."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.numel(), b.numel())
+    if not a.numel():
+        return 0
+    as_int = _INT_OF_SIZE.get(a.element_size())
+    if as_int is None or a.dtype == torch.bool:
+        return int((_bits(a).reshape(a.numel(), -1) != _bits(b).reshape(b.numel(), -1)).any(dim=1).sum())
+    return int((a.contiguous().reshape(-1).view(as_int) != b.contiguous().reshape(-1).view(as_int)).sum())
+
+
 _NARROW_FLOATS = {torch.float16, torch.bfloat16, torch.float32}
 for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
     if hasattr(torch, _name):

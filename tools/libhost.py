@@ -183,10 +183,15 @@ class Host:
             self.sets.pop(k, None)
         return {}
 
-    def run(self, calls: list, samples: int = 1, timed: bool = False, flush: bool = False) -> dict:
-        """`samples` times: (flush,) the calls in order; on CUDA each sample timed with events."""
+    def run(self, calls: list, samples: int = 1, timed: bool = False, flush: bool = False, snapshot=None) -> dict:
+        """`samples` times: (flush,) the calls in order; on CUDA each sample timed with events.
+        `snapshot` (CUDA, one call): the key of a bound set whose outputs receive a copy of the call's
+        outputs, made on the call's stream right after it (before the device sync), so the judge can see
+        whether they changed once the call's stream had finished (work left on another stream)."""
         times = []
         cuda = self.device.type == "cuda"
+        if snapshot is not None and (not cuda or len(calls) != 1 or samples != 1):
+            raise ValueError("a snapshot is taken of one CUDA call")
         for _ in range(samples):
             if flush:
                 self.flush()
@@ -209,6 +214,11 @@ class Host:
             if cuda and timed:
                 end.record()
                 times.append((start, end))
+        if snapshot is not None:
+            # stream-ordered after the call (and its end event): what a user's next kernel on this stream reads
+            _, _, outputs = self.sets[calls[0]]
+            for name, dst in self.sets[snapshot][2].items():
+                dst.copy_(outputs[name], non_blocking=True)
         out: dict = {}
         if cuda:
             torch.cuda.synchronize()  # every stream of this context idle before the answer

@@ -187,8 +187,9 @@ class RemoteLib:
             return wall + carry * 1e-9
         return cpu
 
-    def probe(self, key, idle_s: float = IDLE_WINDOW_S) -> tuple[float, float, float]:
-        """(wall, extra, idle_cpu) of one cold call, measured from outside the runner.
+    def probe(self, key, idle_s: float = IDLE_WINDOW_S, snapshot=None) -> tuple[float, float, float]:
+        """(wall, extra, idle_cpu) of one cold call, measured from outside the runner. `snapshot` (CUDA):
+        the key of a bound set that receives a stream-ordered copy of the call's outputs (Host.run).
 
         extra: seconds outside what the timer measures — on CUDA the judge's wall until the runner's
         device is idle minus its events; on both, the runner's CPU time beyond that wall (other threads
@@ -206,7 +207,8 @@ class RemoteLib:
             self._pending = None
         t0 = time.perf_counter()
         # left running after its answer for the idle window: work after return shows there, then frozen
-        reply = self.runner.request("run", self.call_timeout, calls=[key], timed=self.cuda, keep_running=True)
+        extra = {"snapshot": snapshot} if snapshot is not None else {}
+        reply = self.runner.request("run", self.call_timeout, calls=[key], timed=self.cuda, keep_running=True, **extra)
         t1 = time.perf_counter()
         c1 = self.runner.cpu_ns()
         wall = t1 - t0

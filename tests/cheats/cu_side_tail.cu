@@ -6,7 +6,7 @@
 // so that no source rule reads it. The audit sees memcpy and the runtime's launch stubs; the static
 // rules see no stream API. Only a clock that covers every stream of the process can see the second
 // half: the gate's bound on device work left after the timed region (tools/libhost.py, agent/gate.py
-// `trail_allowance`). Not yet run on a GPU (written 2026-12-04, when the device time was spent).
+// `trail_allowance`), and the probe's stream-ordered copy of its outputs (tools/ab.unfinished_outputs).
 // kind: runtime
 #define kloop_softmax kloop_softmax_baseline  // the shipped baseline, bit for bit, under another name
 #include "softmax_baseline.cuh"
