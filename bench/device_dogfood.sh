@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# On the GPU machine (issue 24): continue a showcase run as its user would. The user's repository is the
+# showcase session's bundle (the branch of accepted commits, its head = the best kernel), with today's task
+# files (spec, manifest) committed over the old ones; a new kloop session starts from that head, the new
+# kernel is submitted through `kloop submit` (the gate decides), the session ends, and the run is replayed.
+#   bash bench/device_dogfood.sh TASK BUNDLE KERNEL.cu "TITLE" "RATIONALE" [GATE_SECONDS]
+# Writes $OUT/dogfood_TASK.txt (every command's output) and $OUT/dogfood_TASK.tgz (the run record + bundle).
+set -uo pipefail
+out=${OUT:-/tmp}; here=$PWD
+task=$1; bundle=$(realpath "$2"); kernel=$(realpath "$3"); title=$4; why=$5; gate_s=${6:-4}
+export KLOOP_CACHE=${KLOOP_CACHE:-/tmp/kc} COLUMNS=160 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$here
+export KLOOP_RUNS=/tmp/runs_$task
+log=$out/dogfood_$task.txt
+kloop() { timeout "${STEP_S:-240}" python3 -m agent.cli "$@"; }
+{
+repo=/tmp/userrepo_$task; rm -rf "$repo" "$KLOOP_RUNS"
+git clone -q "$bundle" "$repo" 2>/dev/null
+branch=$(git -C "$repo" branch -r | head -1 | tr -d ' ' | sed 's#^origin/##')
+git -C "$repo" checkout -q -b main "origin/$branch"
+for f in task.toml spec.py README.md devcheck.py e2e.py; do
+  [ -f "kernels/$task/$f" ] && cp "kernels/$task/$f" "$repo/$task/$f"
+done
+git -C "$repo" add -A
+git -C "$repo" -c user.name=user -c user.email=user@example.invalid commit -qm "$task: the task files of today's kloop" || true
+echo "== user repo: $(git -C "$repo" log --oneline | head -3 | tr '\n' '|')"
+t0=$SECONDS
+kloop session start "$repo/$task" --json --gate-seconds "$gate_s" > /tmp/start_$task.json; cat /tmp/start_$task.json
+echo "== session start: $((SECONDS - t0)) s"
+wt=$(python3 -c "import json;print(json.load(open('/tmp/start_$task.json'))['worktree'])")
+cd "$wt/$task" && cp "$kernel" "$task.cu"
+t0=$SECONDS
+kloop submit -m "$title" --rationale "$why" 2>&1 | tail -40
+echo "== submit: $((SECONDS - t0)) s"
+kloop status 2>&1 | tail -12
+kloop session end 2>&1 | tail -3
+cd "$here"
+run=$(ls "$KLOOP_RUNS" | grep -v "^_" | head -1)
+kloop log "$run" 2>&1 | tail -30
+git -C "$repo" bundle create "$KLOOP_RUNS/$run/session.bundle" "kloop/$run" 2>&1 | tail -1
+tar -C "$KLOOP_RUNS" -czf "$out/dogfood_$task.tgz" "$run"
+t0=$SECONDS
+STEP_S=${REPLAY_S:-120} kloop replay "$run" 2>&1 | tail -15
+echo "== replay: $((SECONDS - t0)) s"
+} > "$log" 2>&1
+tail -45 "$log"
