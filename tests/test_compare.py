@@ -96,3 +96,39 @@ def test_the_quick_path_gives_the_general_path_s_figures_exactly(dtype, seed):
         assert _passing_finite("y", g2, w, atol, rtol, 0.0 if bad == "norm" else 0.05, 4099) is None, bad
         full = compare("y", g2.to(dtype), want, atol, rtol, 0.0 if bad == "norm" else 0.05)
         assert not full.passed and full.worst_index == [7] or bad == "norm", (bad, full)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("seed", range(8))
+def test_the_recheck_fast_path_never_passes_what_compare_fails(dtype, seed):
+    """tools.check.passes_clearly (the gate's timed re-checks) may say False for a passing output, then
+    compare decides; it must never say True where compare fails: errors scaled onto either side of the
+    bound, one element at a time and all at once, NaN and inf, a norm over its bound."""
+    from tools.check import passes_clearly
+
+    gen = torch.Generator().manual_seed(seed)
+    n = 3001
+    want = torch.randn(n, generator=gen, dtype=torch.float32) * 10 ** (seed % 4 - 2)
+    atol, rtol = 2e-2 * 10 ** (seed % 4 - 2), 1e-2
+    bound = atol + rtol * want.abs()
+    sign = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0)
+    clear = (want + 0.3 * bound * sign).to(dtype)
+    assert compare("y", clear, want, atol, rtol, 0.05).passed
+    assert passes_clearly(clear, want, atol, rtol, 0.05)  # the common case takes the fast path
+    for scale in (0.999, 0.9999, 1.0, 1.0001, 1.001, 1.5):
+        for which in ("one", "all"):
+            got = want.clone()
+            if which == "one":
+                got[seed * 7] = want[seed * 7] + scale * bound[seed * 7] * sign[seed * 7]
+            else:
+                got = want + scale * bound * sign
+            got = got.to(dtype)
+            if passes_clearly(got, want, atol, rtol, None):
+                assert compare("y", got, want, atol, rtol, None).passed, (scale, which)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        got = clear.clone()
+        got[3] = bad
+        assert not passes_clearly(got, want, atol, rtol, 0.05)
+    assert not passes_clearly(clear, want, atol, rtol, 0.0)  # a norm bound the error exceeds
+    assert not passes_clearly(None, want, atol, rtol, 0.05)
+    assert not passes_clearly(clear[:-1], want, atol, rtol, 0.05)
