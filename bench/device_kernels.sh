@@ -11,15 +11,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 nvcc --version | tail -2 | tee -a "$out/machine.txt"
 for p in $parts; do
   case $p in
-    decode) DEVBENCH_JSON=$out/decode_devbench5.json timeout 200 python3 runs/showcase/paged_decode/exploration/devbench5.py . > "$out/decode_devbench5.txt" 2>&1
+    decode) DEVBENCH_JSON=$out/decode_devbench5.json timeout "${DEVBENCH_S:-200}" python3 runs/showcase/paged_decode/exploration/devbench5.py . > "$out/decode_devbench5.txt" 2>&1
             echo "decode devbench rc=$?"; tail -20 "$out/decode_devbench5.txt" ;;
     # the fastest passing variant, if it beats the accepted kernel by 3%, through kloop's gate as a user would
     decode-gate) ex=runs/showcase/paged_decode/exploration
             python3 $ex/pick_winner.py "$out/decode_devbench5.json" v4_t128 /tmp/v5_best.cu 0.03 &&
-            bash bench/device_dogfood.sh paged_decode runs/showcase/paged_decode/20261201-090210-paged-decode-0230/session.bundle /tmp/v5_best.cu \
+            timeout "${GATE_PART_S:-300}" bash bench/device_dogfood.sh paged_decode runs/showcase/paged_decode/20261201-090210-paged-decode-0230/session.bundle /tmp/v5_best.cu \
               "Tensor cores for the GQA group: mma.sync scores and P V, per-warp cp.async rings" \
               "The kernel was issue-bound on shuffle reductions (v4: 16 lanes per score). S = Q K^T and O^T += V^T P^T run on mma.sync m16n8k16 (the group's query heads as 8 rows), K/V pages staged by per-warp cp.async rings of 16-byte copies, one max/rescale per 16-token chunk, split-KV chosen at run time to fill the SMs" 4 ;;
-    flash) timeout 200 python3 runs/showcase/flash_attn_fwd/exploration/devbench4.py "$PWD" /tmp/call4 > "$out/flash_devbench4.txt" 2>&1
+    flash) timeout "${DEVBENCH_S:-200}" python3 runs/showcase/flash_attn_fwd/exploration/devbench4.py "$PWD" /tmp/call4 > "$out/flash_devbench4.txt" 2>&1
            echo "flash devbench rc=$?"; tail -40 "$out/flash_devbench4.txt"
            cp /tmp/call4/results.json "$out/flash_devbench4.json" 2>/dev/null ;;
   esac
