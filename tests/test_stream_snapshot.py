@@ -59,3 +59,23 @@ def test_a_snapshot_is_taken_of_one_cuda_call_only():
     host.sets = {}
     with pytest.raises(ValueError, match="one CUDA call"):
         host.run([("s", 0)], snapshot=("s", "snapshot"))
+
+
+def test_the_snapshot_buffers_follow_the_outputs_shapes():
+    """A probe set's outputs drawn anew in another shape get snapshot buffers of that shape, bound in the
+    runner again; the same shapes reuse the bound ones."""
+    from tools.ab import _Shape, _snapshot_like
+
+    class Lib:
+        def __init__(self):
+            self.binds = []
+
+        def bind(self, key, dims, inputs, outputs):
+            self.binds.append((key, {k: tuple(v.shape) for k, v in outputs.items()}))
+
+    st, lib = _Shape("s", {"n": 4}, 1.0, 0.03), Lib()
+    first = _snapshot_like(st, "b", {"y": torch.zeros(4, 8), "lse": torch.zeros(4)}, lambda d: d, lib)
+    assert _snapshot_like(st, "b", {"y": torch.ones(4, 8), "lse": torch.ones(4)}, lambda d: d, lib) is first
+    again = _snapshot_like(st, "b", {"y": torch.zeros(5, 8), "lse": torch.zeros(5)}, lambda d: d, lib)
+    assert again["y"].shape == (5, 8) and again is not first
+    assert lib.binds == [(("s", "snapshot"), {"y": (4, 8), "lse": (4,)}), (("s", "snapshot"), {"y": (5, 8), "lse": (5,)})]

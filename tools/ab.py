@@ -121,8 +121,7 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
             lib_b.call(added)
         if device.type == "cuda":
             for which, lib in (("a", lib_a), ("b", lib_b)):
-                st.snapshots[which] = share(spec.make_outputs(dims, st.sets[0][0]))
-                lib.bind(st.snapshot_key, dims, {}, st.snapshots[which])
+                _snapshot_like(st, which, st.sets[0][1], share, lib)
         states.append(st)
     for lib in (lib_a, lib_b):  # what the runners spent setting up is booked now, not on the first timed sample
         lib.close_setup()
@@ -276,6 +275,8 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
             lib = lib_a if which == "a" else lib_b
             snap = st.snapshots.get(which)
             if snap is not None:
+                # the probe set's outputs may have been drawn anew in another shape (fresh_values)
+                snap = _snapshot_like(st, which, st.sets[probe_set][1 if which == "a" else 2], share, lib)
                 poison(snap)
             into = {"snapshot": st.snapshot_key} if snap is not None else {}
             st.probes[which].append(lib.probe(st.key(probe_set), idle_s, **into))
@@ -288,6 +289,20 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
     book("probes")
 
 
+def _snapshot_like(st: _Shape, which: str, outputs: dict, share, lib) -> dict:
+    """Side `which`'s buffers for a probe's stream-ordered copy of `outputs`, bound in its runner; made
+    anew only when a name, shape or dtype differs from the ones it has."""
+    snap = st.snapshots.get(which)
+    same = snap is not None and snap.keys() == outputs.keys() and all(
+        not isinstance(v, torch.Tensor) or (snap[k].shape == v.shape and snap[k].dtype == v.dtype)
+        for k, v in outputs.items())
+    if not same:
+        snap = share({k: torch.empty_like(v) if isinstance(v, torch.Tensor) else v for k, v in outputs.items()})
+        lib.bind(st.snapshot_key, st.dims, {}, snap)
+        st.snapshots[which] = snap
+    return snap
+
+
 def unfinished_outputs(at_stream_end: dict, at_idle: dict) -> str | None:
     """The outputs as the call's stream left them (a copy enqueued on it right after the call) against
     the same outputs once the whole device was idle: an honest call, whose stream completes only when
@@ -295,6 +310,8 @@ def unfinished_outputs(at_stream_end: dict, at_idle: dict) -> str | None:
     stream does not wait for is what differs: a user's next kernel on that stream would race it."""
     problems = []
     for name, final in at_idle.items():
+        if not isinstance(final, torch.Tensor):
+            continue
         n = differing_elements(at_stream_end[name], final)
         if n:
             problems.append(f"output {name}: {n} of {final.numel()} elements were written after the call's stream "
