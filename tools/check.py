@@ -125,7 +125,7 @@ def passes_clearly(got: torch.Tensor | None, want: torch.Tensor, atol: float, rt
         return False
     if not (got.dtype in _NARROW_FLOATS and want.dtype in _NARROW_FLOATS):
         return False  # fp64 and integer outputs: compare's general path
-    w = want.detach().to(got.device if got.device == want.device else want.device, torch.float32)
+    w = want.detach().to(torch.float32)
     diff = torch.sub(got.detach().to(w.device), w).abs_()  # fp32 by promotion: no copy of got in fp32
     err_norm, ref_norm = torch.linalg.vector_norm(diff), torch.linalg.vector_norm(w)  # NaN or Inf anywhere shows here
     worst = diff.addcmul_(w.abs(), torch.full((), -rtol, device=w.device)).max()
