@@ -5,7 +5,8 @@ GPU test (a naive harness is fooled, the gate is not).
 A cheat's task folder is the shipped task with the cheat as softmax.cu, plus three headers (the task's
 `*.cuh` are editable): `cu_common.cuh` (tests/cheats), `softmax_baseline.cuh`, the shipped
 softmax.cu itself, which the cheats that need the baseline bit for bit include under another entry
-point name, and `libc_resolve.cuh` (tests/cheats/rt_libc_resolve.h: any libc function without an import).
+point name, `libc_resolve.cuh` (tests/cheats/rt_libc_resolve.h: any libc function without an import) and
+`side_tail.cuh` (the side-stream tail both cu_side_tail cheats share).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ TASK = ROOT / "kernels" / "softmax"
 CHEATS = Path(__file__).resolve().parent / "cheats"
 CU_CHEATS = sorted(CHEATS.glob("cu_*.cu"))
 HEADERS = {"cu_common.cuh": CHEATS / "cu_common.cuh", "softmax_baseline.cuh": TASK / "softmax.cu",
-           "libc_resolve.cuh": CHEATS / "rt_libc_resolve.h"}
+           "libc_resolve.cuh": CHEATS / "rt_libc_resolve.h", "side_tail.cuh": CHEATS / "cu_side_tail.cuh"}
 
 
 def kind_of(path: Path) -> str:
