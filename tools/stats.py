@@ -190,10 +190,7 @@ class PassCriterion:
         the stretch (bench/repeat_looks_sim.py, 1000 agents)."""
         if not past_cap:
             return self.is_finished()
-        if self.narrow_enough():
-            self.finished_because = "time cap"
-            return True
-        if past_stretch:
+        if self.narrow_enough() or past_stretch:
             self.finished_because = "time cap"
             return True
         return False
