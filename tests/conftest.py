@@ -1,3 +1,4 @@
+import os
 import shutil
 
 import pytest
@@ -29,5 +30,11 @@ def nvcc_available() -> bool:
 @pytest.fixture(scope="session")
 def kernel_build_cache(tmp_path_factory):
     """One build cache for the kernel tests: the shared suite (test_kernels.py) and each task's own
-    tests build the same variants once."""
-    return tmp_path_factory.mktemp("kernel_builds")
+    tests build the same variants once, on whichever xdist worker comes first (the cache is keyed by
+    content and a finished build is renamed into place, so two workers racing on a key is safe)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker has its own basetemp under a shared one
+        root = root.parent
+    cache = root / "kernel_builds"
+    cache.mkdir(exist_ok=True)
+    return cache

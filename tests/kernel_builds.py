@@ -25,6 +25,19 @@ def one_knob_at_a_time(task: Task) -> list[dict]:
     return configs
 
 
+def every_value_once(task: Task) -> list[dict]:
+    """The defaults, then each knob stepped through its values together: config i takes each knob's
+    i-th value after its default (wrapping), so every value of every knob is built at least once, in
+    combinations (the tuner samples combinations, so they must build too), with as many builds as the
+    longest knob has values. `one_knob_at_a_time` builds each value beside the defaults instead (the
+    `long` run)."""
+    knobs = task.manifest.knobs
+    start = {name: knob.values.index(knob.default) for name, knob in knobs.items()}
+    width = max((len(k.values) for k in knobs.values()), default=1)
+    return [{name: knob.values[(start[name] + i) % len(knob.values)] for name, knob in knobs.items()}
+            for i in range(width)]
+
+
 def label(task: Task, config: dict) -> str:
     """`defaults`, or what differs from the defaults: `THREADS=512`, `KLOOP_TEST_DELAY_NS=10000`."""
     defaults = task.knob_defaults()

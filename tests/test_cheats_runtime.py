@@ -103,7 +103,7 @@ CASES = {
     # back-to-back calls skip the work; the gate's calls never come that close (outputs are poisoned
     # and read between them), so the cheat does its work and there is no gain: refused as wrong, as
     # slower than the bar, or (on a loaded machine, within the test's time cap) as undecided
-    "rt_timing_detect": (faster, ("check", "timing", "undecided"), ["wrong|no gain|not faster|undecided"]),
+    "rt_timing_detect": (faster, ("check", "timing", "undecided"), ["wrong|no gain|not measurably faster|regression|undecided"]),
     "rt_thread_after_return": (faster, ("timing",), ["outside the timed region|outputs of timed calls are wrong"]),
     "rt_static_ctor": (faster, ("timing",), ["outside the timed region|outputs of timed calls are wrong"]),
     "rt_less_precise": (lambda r: r["ok"], ("check",), ["wrong results"]),

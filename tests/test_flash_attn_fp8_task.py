@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.fakes import task_fixtures  # noqa: E402
-from tests.kernel_builds import build_variants, one_knob_at_a_time  # noqa: E402
+from tests.kernel_builds import build_variants, every_value_once  # noqa: E402
 from tools.check import compare  # noqa: E402
 
 task, spec = task_fixtures("flash_attn_fwd_fp8")
@@ -122,7 +122,7 @@ def test_flops_and_bytes(spec):
 
 @pytest.mark.slow
 def test_every_knob_value_builds_both_head_dim_kernels(task, kernel_build_cache):
-    builds = build_variants(task, one_knob_at_a_time(task), kernel_build_cache)
+    builds = build_variants(task, every_value_once(task), kernel_build_cache)
     for label, r in builds.items():
         assert r.ok, f"build failed for {label}:\n{r.error_text()}"
         names = sorted(k.name for k in r.kernels)

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.kernel_builds import build_variants, one_knob_at_a_time, spills  # noqa: E402
+from tests.kernel_builds import build_variants, every_value_once, one_knob_at_a_time, spills  # noqa: E402
 from tests.fakes import KERNELS  # noqa: E402
 from tools.build import BuildResult  # noqa: E402
 from tools.spec import load_spec  # noqa: E402
@@ -116,19 +116,36 @@ def test_starter_passes_its_check(task, starter):
     assert {s.shape for s in res.check.shapes} >= {s.name for s in task.check_shapes}
 
 
-@pytest.mark.slow
-def test_every_knob_value_compiles_and_the_defaults_do_not_spill(task, kernel_build_cache):
+def _knob_builds(task, configs, cache) -> dict[str, BuildResult]:
     if task.target == "triton" and os.environ.get("KLOOP_TRITON_KNOB_BUILDS") != "1":
         # 28 compiles for flash_attn_fwd_triton (~1 min on 2 cores): the GPU run does it (tests/gpu/README)
         pytest.skip("Triton knob builds: set KLOOP_TRITON_KNOB_BUILDS=1 (the H200 run does)")
-    builds = build_variants(task, one_knob_at_a_time(task), kernel_build_cache)
-    assert len(builds) == 1 + sum(len(k.values) - 1 for k in task.manifest.knobs.values())
+    builds = build_variants(task, configs, cache)
     for label, r in builds.items():
         assert r.ok, f"build failed for {label}:\n{r.error_text()}"
         if task.on_gpu:
             assert r.kernels and all(k.arch == task.manifest.arch for k in r.kernels), (label, r.kernels)
-    assert builds["defaults"].knobs == task.knob_defaults()
+    return builds
+
+
+@pytest.mark.slow
+def test_every_knob_value_compiles_and_the_defaults_do_not_spill(task, kernel_build_cache):
+    """Every value of every knob, in combinations (as the tuner samples them), in as few builds as the
+    longest knob has values; the defaults first."""
+    configs = every_value_once(task)
+    assert configs[0] == task.knob_defaults()
+    for name, knob in task.manifest.knobs.items():
+        assert {c[name] for c in configs} == set(knob.values), name
+    builds = _knob_builds(task, configs, kernel_build_cache)
+    assert list(builds)[0] == "defaults" and builds["defaults"].knobs == task.knob_defaults()
     assert not spills(builds["defaults"]), f"spills at the default knobs: {spills(builds['defaults'])}"
+
+
+@pytest.mark.long
+def test_each_knob_value_beside_the_defaults_compiles(task, kernel_build_cache):
+    """Each value with every other knob at its default (12 builds for paged_decode: ~1 min on 2 cores)."""
+    builds = _knob_builds(task, one_knob_at_a_time(task), kernel_build_cache)
+    assert len(builds) == 1 + sum(len(k.values) - 1 for k in task.manifest.knobs.values())
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "kernels").iterdir()

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.fakes import task_fixtures
-from tests.kernel_builds import build_variants, one_knob_at_a_time, spills
+from tests.kernel_builds import build_variants, every_value_once, spills
 from tools.check import compare
 
 CPU = torch.device("cpu")
@@ -183,8 +183,9 @@ def test_tolerance_separates_right_from_wrong(spec, task):
 
 @pytest.fixture(scope="module")
 def builds(task, kernel_build_cache):
-    """Defaults, every other value of each knob (one at a time), then the gate's test hook."""
-    configs = one_knob_at_a_time(task) + [{**task.knob_defaults(), "KLOOP_TEST_DELAY_NS": 10000}]
+    """Defaults, every value of each knob (in combinations: tests/kernel_builds.every_value_once), then the
+    gate's test hook."""
+    configs = every_value_once(task) + [{**task.knob_defaults(), "KLOOP_TEST_DELAY_NS": 10000}]
     return build_variants(task, configs, kernel_build_cache)
 
 
