@@ -24,6 +24,7 @@ import torch
 from tools.task import Task
 from tools.bench import make_sets
 from tools.check import compare, describe_error, differing_elements, passes_clearly, poison, refill
+from tools.draws import SecretDraws
 from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
 from tools.protocol import WorkerRequest
@@ -90,8 +91,7 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
                   look: int = 1) -> ABReport:
     """`lib_a`, `lib_b`: tools.remote.RemoteLib handles on the best's and the candidate's runners;
     `rules`: the decision's (decision_rules of the gate's request), `look`: which timed look at this best."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
+    draws = SecretDraws(seed, device, "timing")  # every set's values unpredictable from the sets before it
     rng = random.Random(seed ^ 0x5EED)
     timer = lib_a.timer
     share = arena.share_dict if arena is not None else (lambda d, inputs=False: d)
@@ -100,7 +100,7 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
     for name in shapes:
         dims = task.shape(name).dims
         st = _Shape(name, dims, weights.get(name, 1.0), rules.allowances.get(name, 0.03))
-        for inputs, outs_a in make_sets(spec, dims, gen, device, timer):
+        for inputs, outs_a in make_sets(spec, dims, draws, device, timer):
             _add_set(spec, st, share(inputs, inputs=True), share, lib_a, lib_b)
         warm = [st.key(i) for i in range(len(st.sets))]
         lib_a.call(warm)
@@ -112,7 +112,7 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         per_set = tensors_bytes(st.sets[0][0]) + 2 * tensors_bytes(st.sets[0][1])
         cap = SET_MEMORY_CAP["cuda" if device.type == "cuda" else "cpu"] // max(per_set, 1)
         while len(st.sets) < max(min(st.k, cap), min(st.k * PAIRS_PER_PASS, MAX_SETS, cap)):
-            _add_set(spec, st, share(spec.make_inputs(dims, gen, device), inputs=True), share, lib_a, lib_b)
+            _add_set(spec, st, share(spec.make_inputs(dims, draws.next(), device), inputs=True), share, lib_a, lib_b)
         st.k = min(st.k, len(st.sets))
         # the sets added after the calibration are warmed too: no timed call pays a buffer's first touch
         added = [st.key(i) for i in range(len(warm), len(st.sets))]
@@ -132,7 +132,7 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
     spent: dict[str, float] = {}
     while True:
         for st in states:
-            one_pass(spec, task, st, gen, rng, lib_a, lib_b, share, spent)
+            one_pass(spec, task, st, draws, rng, lib_a, lib_b, share, spent)
         crit.add_measurement({st.name: st.pass_sums[-1] for st in states})
         if any(st.problem for st in states):
             stopped = "wrong timed outputs"
@@ -209,7 +209,7 @@ def _add_set(spec: Spec, st: _Shape, inputs: dict, share, lib_a, lib_b) -> None:
     lib_b.bind(st.key(i), st.dims, inputs, outs_b)
 
 
-def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a, lib_b, share,
+def one_pass(spec: Spec, task: Task, st: _Shape, draws: SecretDraws, rng: random.Random, lib_a, lib_b, share,
              spent: dict[str, float] | None = None) -> None:
     """Fresh values and poison; every set called once per side in pairs; a random re-check of those calls;
     probes on fresh values, their output checked too. `spent`: wall seconds per part of the pass, added
@@ -223,7 +223,7 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
         spent[part] = spent.get(part, 0.0) + now - mark
         mark = now
 
-    refresh(spec, st, gen, share, lib_a, lib_b)
+    refresh(spec, st, draws, share, lib_a, lib_b)
     book("fresh inputs")
     n = len(st.sets)
     order = list(range(n))
@@ -270,7 +270,7 @@ def one_pass(spec: Spec, task: Task, st: _Shape, gen, rng: random.Random, lib_a,
     # after return shows up in it whole
     idle_s = min(0.05, max(2e-3, 2 * _median(st.ta[-pairs:])))
     for _ in range(PROBES_PER_PASS):
-        fresh_values(spec, st, probe_set, gen, share, lib_a, lib_b)
+        fresh_values(spec, st, probe_set, draws, share, lib_a, lib_b)
         for which in (["b", "a"] if rng.random() < 0.5 else ["a", "b"]):
             lib = lib_a if which == "a" else lib_b
             snap = st.snapshots.get(which)
@@ -327,18 +327,18 @@ def _recheck(task: Task, spec: Spec, st: _Shape, i: int, where: str) -> None:
         st.problem = f"{where}: {problem}"
 
 
-def refresh(spec: Spec, st: _Shape, gen: torch.Generator, share, lib_a, lib_b) -> None:
+def refresh(spec: Spec, st: _Shape, draws: SecretDraws, share, lib_a, lib_b) -> None:
     """New input values in the same buffers and poisoned outputs, before every pass."""
     for i in range(len(st.sets)):
-        fresh_values(spec, st, i, gen, share, lib_a, lib_b, sync=False)
+        fresh_values(spec, st, i, draws, share, lib_a, lib_b, sync=False)
     _sync(st)
 
 
-def fresh_values(spec: Spec, st: _Shape, i: int, gen: torch.Generator, share, lib_a, lib_b, sync: bool = True) -> None:
+def fresh_values(spec: Spec, st: _Shape, i: int, draws: SecretDraws, share, lib_a, lib_b, sync: bool = True) -> None:
     """New input values in set i's buffers (new buffers, bound to both sides, if the spec drew other
     shapes) and both outputs poisoned."""
     inputs, outs_a, outs_b = st.sets[i]
-    fresh = spec.make_inputs(st.dims, gen, _device(st))
+    fresh = spec.make_inputs(st.dims, draws.next(), _device(st))
     if not refill(inputs, fresh):
         inputs = share(fresh, inputs=True)
         outs_a, outs_b = share(spec.make_outputs(st.dims, inputs)), share(spec.make_outputs(st.dims, inputs))

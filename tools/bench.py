@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from tools.draws import SecretDraws
 from tools.fmt import fmt_rate, fmt_time
 from tools.task import Task
 from tools.protocol import BenchReport, ShapeBench, Timing
@@ -22,14 +23,17 @@ MIN_SAMPLES = 10
 MAX_SAMPLES = 500
 
 
-def make_sets(spec: Spec, dims: dict, gen: torch.Generator, device: torch.device, timer: Timer):
-    """Rotated input sets (and an output set for each): enough that no call finds a warm cache."""
-    first_in = spec.make_inputs(dims, gen, device)
+def make_sets(spec: Spec, dims: dict, draws: SecretDraws | torch.Generator, device: torch.device, timer: Timer):
+    """Rotated input sets (and an output set for each): enough that no call finds a warm cache.
+    `draws`: a SecretDraws (each set from a generator of its own: what a verdict uses) or one generator
+    drawn in sequence (calibrations in bench/)."""
+    gen = draws if callable(draws) else (lambda: draws)
+    first_in = spec.make_inputs(dims, gen(), device)
     first_out = spec.make_outputs(dims, first_in)
     n = timer.input_sets(tensors_bytes(first_in) + tensors_bytes(first_out))
     sets = [(first_in, first_out)]
     for _ in range(n - 1):
-        inp = spec.make_inputs(dims, gen, device)
+        inp = spec.make_inputs(dims, gen(), device)
         sets.append((inp, spec.make_outputs(dims, inp)))
     return sets
 
@@ -66,15 +70,14 @@ def bench_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, 
                      max_seconds: float, comparators: bool, arena=None, timer: Timer | None = None) -> BenchReport:
     """`lib`: a tools.remote.RemoteLib (the library runs in its runner); comparators run here (trusted)."""
     started = time.monotonic()
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
+    draws = SecretDraws(seed, device, "bench")
     timer = timer or Timer(device)
     report = BenchReport()
     for name in shapes:
         dims = task.shape(name).dims
         row = ShapeBench(shape=name, dims=dims, flops=spec.flops(dims), bytes=spec.bytes_moved(dims))
         try:
-            sets = make_sets(spec, dims, gen, device, timer)
+            sets = make_sets(spec, dims, draws, device, timer)
             if lib is not None:
                 row.kernel = time_remote(lib, spec, name, dims, sets, arena, max_seconds, row.flops, row.bytes)
             if comparators:

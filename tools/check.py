@@ -15,6 +15,7 @@ import time
 import torch
 
 from tools.task import Task
+from tools.draws import SecretDraws
 from tools.protocol import CheckReport, OutputError, ShapeCheck
 from tools.spec import Spec
 
@@ -223,8 +224,7 @@ def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, 
     from tools.runner import RunnerError
 
     started = time.monotonic()
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
+    draws = SecretDraws(seed, device, "check")  # no set's values tell the next one's (tools/draws.py)
     share = arena.share_dict if arena is not None else (lambda d, inputs=False: d)
     # phase 1: every candidate call, keeping copies of what it was given and what it wrote
     runs = []  # (shape, round, dims, inputs copy, outputs copy, changed, error)
@@ -238,7 +238,7 @@ def check_in_process(task: Task, spec: Spec, lib, shapes: list[str], seed: int, 
         key = None
         for rnd in range(rounds):
             try:
-                fresh = spec.make_inputs(dims, gen, device)
+                fresh = spec.make_inputs(dims, draws.next(), device)
                 if inputs is None or not refill(inputs, fresh):  # later rounds: new values, same addresses
                     inputs = share(fresh, inputs=True)
                     outputs = share(spec.make_outputs(dims, inputs))
