@@ -804,7 +804,7 @@ def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix
               repo: Optional[Path] = typer.Option(None, help="Repository holding the branch (default: the current directory's; for a run: as recorded)."),
               no_timing: bool = typer.Option(False, "--no-timing", help="Scope, static rules, build, audit and check only (no paired timing)."),
               seconds: Optional[float] = typer.Option(None, help="Timing seconds per commit (default: the run's gate setting).", callback=_at_least(0, True)),
-              no_e2e: bool = typer.Option(False, "--no-e2e", help="Skip the task's end-to-end training check (run by default where the task declares one; --no-timing skips it too)."),
+              no_e2e: bool = typer.Option(False, "--no-e2e", help="Skip the task's end-to-end training check (run by default where the task declares one, with --no-timing too)."),
               as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Today's gate over every accepted commit of a run: which would now be rejected, and why, and whose gain
     does not hold with today's estimate (exit 1 if any)."""
@@ -891,7 +891,7 @@ def export_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefi
         else:
             run_dir = resolve_run(run, runs_dir)
             target = target_from_run(run_dir, repo)
-        err_console.print(f"auditing the accepted commits of {target.branch} (scope, rules, build, audit, check) ...")
+        err_console.print(f"auditing the accepted commits of {target.branch} (scope, rules, build, audit, check, and the e2e check where the task has one) ...")
         result = export(target, out, namespace=namespace, run_dir=run_dir)
     except AuditInputError as exc:
         fail(str(exc))

@@ -5,8 +5,8 @@ parent as the best, by the gate as it is now: scope of the commit's diff, static
 of what was built, check on fresh secret seeds (the task's adversarial check shapes included), and,
 unless `--no-timing`, paired timing with its integrity layers (timed-output re-checks, physics floor,
 escape/cold probes, the best against its recorded time), then, where the task declares one and
-unless `--no-e2e` (or `--no-timing`), its end-to-end training check (tools/e2e.py; whatever its `when`: an
-audit is what runs before an export). A commit that fails any of these would now be rejected. The gain is re-judged with today's estimate (the workload's time ratio, tools/stats.py)
+unless `--no-e2e`, its end-to-end training check (tools/e2e.py; whatever its `when`, and after `--no-timing`'s
+check too: an audit is what runs before an export). A commit that fails any of these would now be rejected. The gain is re-judged with today's estimate (the workload's time ratio, tools/stats.py)
 and counted apart: a commit whose gain does not hold here is one whose whole interval (at the gate's
 first-look level, so an honest commit is flagged by noise at most that often) lies at or below
 1 + min_gain, or whose shape regressed beyond its allowance: a statistics hole found later (a kernel
@@ -264,7 +264,9 @@ def _audit_commit(bench, target: AuditTarget, c, upto: str, e2e: bool = False) -
     bench.upto = used
     v = bench.submit(c.summary)
     _classify(row, v, bench.gate, used)
-    if e2e and not row.rejected and used == "timing" and v.build is not None and v.build.ok and v.build.lib:
+    # after the check at least (with --no-timing too: export runs that way, and the e2e check is what a
+    # kernel inside every per-call tolerance that still biases training meets)
+    if e2e and not row.rejected and used in ("check", "timing") and v.build is not None and v.build.ok and v.build.lib:
         _e2e(row, bench.gate, v.build.lib)
     row.note = "; ".join(notes)
     bench.adopt()  # the next commit is judged against this one, as on the branch

@@ -24,6 +24,7 @@ runner = CliRunner()
 RUN_ID = "20261201-120000-matmul-cpu-a1b2"
 BRANCH = f"kloop/{RUN_ID}"
 TASK_REL = "kernels/matmul_cpu"
+CHEATS = Path(__file__).resolve().parent / "cheats"
 
 # a kernel the scope and the source rules let through, but whose build imports getenv (spelled by token
 # pasting, so no source pattern names it): only the audit of what was built catches it
@@ -89,6 +90,9 @@ def session_repo(tmp: Path, cheats: list[str] = (), record: bool = True) -> dict
             assert head in text
             src.write_text(text.replace(head, CACHE_CHEAT))
             title = "Reuse the last product"
+        elif cheat == "e2e":  # inside the check's tolerance, biased: only the end-to-end training check sees it
+            src.write_text((CHEATS / "e2e_round_down.cpp").read_text())
+            title = "Round the sums"
         elif cheat == "spec":
             src.write_text(text)
             (task / "spec.py").write_text((task / "spec.py").read_text() + "\n# looser\n")
@@ -129,7 +133,7 @@ def test_an_honest_run_audits_clean(tmp_path):
     assert out["rejected"] == 0 and out["total"] == 1 and out["source"] == "run record"
     row = out["rows"][0]
     assert row["commit"] == s["commits"][0] and row["attempt"] == 1 and not row["rejected"]
-    assert row["stages"] == {"scope": "ok", "static": "ok", "build": "ok", "audit": "ok", "check": "ok", "timing": "not run", "e2e": "not run"}
+    assert row["stages"] == {"scope": "ok", "static": "ok", "build": "ok", "audit": "ok", "check": "ok", "timing": "not run", "e2e": "ok"}  # e2e after the check, timing or not
     assert "--no-timing" in out["not_run"] and out["upto"] == "check" and out["summary"] == "0 of 1 accepted commits would now be rejected by the layers run here"
 
 

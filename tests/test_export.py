@@ -65,6 +65,19 @@ def test_export_is_refused_when_the_audit_rejects_a_commit(tmp_path):
     assert not out.exists()
 
 
+def test_export_is_refused_when_the_tip_biases_training(tmp_path):
+    """A kernel inside every per-call tolerance that biases training (tests/cheats/e2e_round_down.cpp):
+    the export's audit runs the task's e2e check after the check (it once stopped at the check and
+    exported it), and refuses."""
+    s = session_repo(tmp_path, cheats=["e2e"])
+    out = tmp_path / "pkg"
+    res = invoke("export", RUN_ID, "--runs-dir", str(s["runs"]), "-o", str(out))
+    assert res.exit_code == 1, res.output
+    assert "audit would now reject 1 of 2" in res.output and "Round the sums" in res.output
+    assert "e2e: FAIL" in res.output and "mean loss" in res.output and "bound 5%" in res.output
+    assert not out.exists()
+
+
 def test_export_refuses_a_folder_that_is_not_empty(tmp_path):
     s = session_repo(tmp_path)
     out = tmp_path / "pkg"
