@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+WORKTREES = "_worktrees"  # <runs>/_worktrees/<run-id>: a session's worktree
 RUNS_ENV = "KLOOP_RUNS"
 KLOOP_DIR = ".kloop"
 SHIPPED_TASKS_REPOS = "_tasks"
@@ -62,6 +63,11 @@ def default_runs_root(task_dir: Path | None = None, cwd: Path | None = None) -> 
     env = os.environ.get(RUNS_ENV)
     if env:
         return Path(env).expanduser().resolve()
+    # inside a session's worktree (where a shell session works), the runs folder that holds it: the
+    # worktree is a repository too, with no records of its own
+    here = session_runs_root(Path(cwd or Path.cwd()))
+    if here is not None:
+        return here
     if task_dir is not None and not is_shipped_task(task_dir) and Path(task_dir).exists():
         repo = find_repo(Path(task_dir))
         if repo is not None:
@@ -70,6 +76,19 @@ def default_runs_root(task_dir: Path | None = None, cwd: Path | None = None) -> 
     if repo is not None:
         return repo / KLOOP_DIR / "runs"
     return Path.home() / KLOOP_DIR / "runs"
+
+
+def session_runs_root(path: Path) -> Path | None:
+    """The runs folder whose session worktree (`<runs>/_worktrees/<run-id>`) holds `path`, or None."""
+    try:
+        path = Path(path).resolve()
+    except OSError:
+        return None
+    for inner in (path, *path.parents):
+        outer = inner.parent
+        if outer.name == WORKTREES and outer.parent != outer and (outer.parent / inner.name / "run.json").is_file():
+            return outer.parent
+    return None
 
 
 class RunsFolderError(Exception):

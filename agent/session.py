@@ -22,7 +22,7 @@ from agent.gate import Candidate, Gate, GateConfig, Verdict
 from agent.policies.base import Budget, PolicyFacade
 from tools.task import KNOBS_FILE, Task, load_task
 from agent.trailers import format_commit_message, parse_trailers, trailer_key
-from agent.locations import default_runs_root, is_shipped_task, prepare_runs_root, task_repo_for
+from agent.locations import WORKTREES, default_runs_root, is_shipped_task, prepare_runs_root, task_repo_for
 from agent.run_state import Attempt, RunState, budget_stop, stop_code
 from agent.runlock import RunLock
 from agent.workspace import Workspace, WorkspaceError
@@ -188,7 +188,7 @@ class Session:
             task = load_task(task_repo_for(task.root, runs_root))
         run_id = rec.new_run_id(task.name)
         run_dir = runs_root / run_id
-        ws = Workspace.create(task.root, run_id, worktrees_root=runs_root / "_worktrees", allow_dirty=allow_dirty)
+        ws = Workspace.create(task.root, run_id, worktrees_root=runs_root / WORKTREES, allow_dirty=allow_dirty)
         info = rec.RunInfo(
             run_id=run_id, task=task.name, task_rel=ws.task_rel, task_path=task.root, policy=policy,
             config=run_config.to_record(),

@@ -29,7 +29,7 @@ from agent import records as rec
 from agent import run_state
 from agent.gate import Candidate, GateConfig
 from agent.policies.base import Budget
-from agent.locations import default_runs_root
+from agent.locations import WORKTREES, default_runs_root
 from agent.session import Session, SessionError
 from agent.workspace import BRANCH_PREFIX, WorkspaceError, checkout_of, find_repo, holds
 from tools.agent_tools import session_toolbox
@@ -256,7 +256,7 @@ def relocate(run_dir: Path, repo: Path | None = None) -> None:
         raise ServiceError(f"run {info.run_id}: {where} has no working tree (a bare repository?); pass --repo a checkout")
     worktree = Path(info.worktree)
     if not worktree.parent.is_dir() or root != Path(info.repo_root):
-        worktree = Path(run_dir).resolve().parent / "_worktrees" / info.run_id
+        worktree = Path(run_dir).resolve().parent / WORKTREES / info.run_id
     info.repo_root, info.worktree = root, worktree
     info.task_path = root / info.task_rel
     record.write_info(info)
