@@ -195,12 +195,25 @@ def session_end(run: Optional[str] = RUN_OPT, runs_dir: Optional[Path] = RUNS_DI
     from agent.session_service import Busy
 
     service = attach(run, runs_dir)
+    worktree = Path(service.session.ws.path).resolve()
     try:
         service.end("ended from the shell", remove_worktree=not keep_worktree)
     except Busy as exc:
         _cli().fail(str(exc), code=3)
     info = service.session.record.info
-    sys.stdout.write(f"session {info.run_id} ended; accepted changes are on {info.branch}\n")
+    accepted = len(service.session.state().accepted)
+    if accepted:
+        # a shipped task's branch lives in kloop's copy of the task (<runs>/_tasks/<name>), not in the checkout
+        sys.stdout.write(f"session {info.run_id} ended; {accepted} accepted change{'s' * (accepted != 1)} on "
+                         f"{info.branch} in {info.repo_root} (git -C {info.repo_root} log {info.branch})\n")
+    else:
+        sys.stdout.write(f"session {info.run_id} ended; no change was accepted (the attempts: kloop log {info.run_id})\n")
+    try:
+        inside = not keep_worktree and Path.cwd().resolve().is_relative_to(worktree)
+    except OSError:  # the current folder is gone: it was the worktree
+        inside = not keep_worktree
+    if inside:
+        sys.stdout.write(f"the worktree {worktree} was removed: cd out of it (e.g. cd {info.repo_root})\n")
 
 
 # ---- the tools ----------------------------------------------------------------------------------

@@ -100,6 +100,9 @@ def test_shell_session_end_to_end_and_on_another_machine(tmp_path):
     status = json.loads((out / "status.json").read_text())["data"]
     assert status["attempts"] == 3 and status["accepted"] == 1 and status["left"]["attempts"] == 3
     assert "ended" in (out / "status-ended.txt").read_text()
+    end = (out / "end.txt").read_text()  # ended from inside the worktree: where the branch is, and where to go
+    assert f"1 accepted change on {info.branch} in {info.repo_root}" in end, end
+    assert "was removed: cd out of it" in end, end
 
     # exactly one commit landed, with its evidence; kloop's AGENTS.md/CLAUDE.md are not in it
     assert accepted_commits(repo, info.branch, info.base_commit) == ["Compute the product once"]
