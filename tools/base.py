@@ -14,6 +14,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tools.secrets import scrub, scrub_data, secret_values
+from tools.task import TaskError
 
 # one tool result must never flood the model's context
 MAX_RESULT_CHARS = 12_000
@@ -71,17 +72,20 @@ class ToolBox:
     def call(self, name: str, raw_input: Any) -> ToolResult:
         tool = self.tools.get(name)
         if tool is None:
-            return ToolResult(ok=False, text=f"error: no tool named {name!r}; tools: {', '.join(self.tools)}")
+            return ToolResult(ok=False, text=f"error: no tool named {name!r}; tools: {', '.join(self.tools)}",
+                              event="bad_input")
         try:
             args = tool.input_model.model_validate(raw_input if raw_input is not None else {})
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
             )
-            return ToolResult(ok=False, text=f"error: invalid input for {name}: {problems}")
+            return ToolResult(ok=False, text=f"error: invalid input for {name}: {problems}", event="bad_input")
         secrets = secret_values()
         try:
             result = tool.fn(self.context, args)
+        except TaskError as exc:  # the caller's input against the task (a knob value, say): said plainly
+            return ToolResult(ok=False, text=cap(scrub(f"error: {exc}", secrets)), event="bad_input")
         except Exception as exc:  # a tool failure costs one call, never the session
             return ToolResult(ok=False, text=cap(scrub(f"error: {name} failed: {type(exc).__name__}: {exc}", secrets)))
         # scrubbed before it is cut: a secret cut in two would not be found any more

@@ -1,0 +1,45 @@
+"""A tool call's bad input (tools/base.ToolBox.call) is said plainly and marked `bad_input`, which the
+shell commands exit 2 on, as everywhere else in kloop (a newcomer's `kloop submit --knob TILE=7` once
+exited 1 with 'submit failed: TaskError: ...')."""
+
+from __future__ import annotations
+
+from tools.base import Tool, ToolBox, ToolInput, ToolResult
+from tools.task import TaskError
+
+
+class Knob(ToolInput):
+    value: int
+
+
+def _box() -> ToolBox:
+    def set_knob(ctx, args: Knob) -> ToolResult:
+        if args.value not in (0, 16, 64):
+            raise TaskError(f"task.toml: knob TILE={args.value} is not allowed (allowed values: [0, 16, 64])")
+        return ToolResult(text="ok")
+
+    def crash(ctx, args: Knob) -> ToolResult:
+        raise RuntimeError("disk on fire")
+
+    box = ToolBox(context=None)
+    box.add(Tool("set_knob", "", Knob, set_knob))
+    box.add(Tool("crash", "", Knob, crash))
+    return box
+
+
+def test_a_task_error_is_bad_input_said_plainly():
+    r = _box().call("set_knob", {"value": 7})
+    assert not r.ok and r.event == "bad_input"
+    assert r.text == "error: task.toml: knob TILE=7 is not allowed (allowed values: [0, 16, 64])"
+
+
+def test_invalid_fields_and_unknown_tools_are_bad_input_too():
+    box = _box()
+    for r in (box.call("set_knob", {"value": "seven"}), box.call("set_knob", {"valu": 1}), box.call("nosuch", {})):
+        assert not r.ok and r.event == "bad_input", r
+
+
+def test_a_tool_failure_is_not_bad_input():
+    r = _box().call("crash", {"value": 1})
+    assert not r.ok and r.event is None and "RuntimeError: disk on fire" in r.text
+    assert _box().call("set_knob", {"value": 16}).ok
