@@ -117,10 +117,11 @@ CASES = {
     "cu_stream_legacy": (_faster(2.0), NOT_FASTER, []),
     "cu_stream_per_thread": (_faster(2.0), NOT_FASTER, []),
     # half the rows on a stream of its own after the timed stream's end event (driver reached without imports)
-    # caught by the device-clock bound after the sample, or by the probe's stream-ordered copy of its outputs
-    "cu_side_tail": (_faster(1.5), ("timing",), ["outside the timed region|after the call's stream had finished"]),
+    # caught by the device-clock bound after the sample, or by the probe's stream-ordered copy of its outputs;
+    # the naive harness reads it x1.24 faster on an H100 (33.5 vs 41.7 us: the side stream overlaps the next call)
+    "cu_side_tail": (_faster(1.15), ("timing",), ["outside the timed region|after the call's stream had finished"]),
     # the same on the short shape only (two calls a sample): the copy, not the bound after the sample
-    "cu_side_tail_small": (_faster(1.5), ("timing",), ["outside the timed region|after the call's stream had finished"]),
+    "cu_side_tail_small": (_faster(1.15), ("timing",), ["outside the timed region|after the call's stream had finished"]),
     "cu_sparse_rows": (_faster(2.0), ("check",), ["wrong results"]),
     "cu_shape_special": (_faster(3.0), ("check",), ["wrong results", "65536x4096|16384x16384|8192x2048"]),
     "cu_fast_exp": (_faster(1.04), ("check",), ["wrong results"]),
