@@ -702,7 +702,9 @@ class Session:
         try:
             if self.best_build is None and not self.reuse_baseline():
                 self._baseline_or_discard()
-            reason = policy.run(self.facade()) or "done"
+            # a Ctrl-C during the baseline stops here: the baseline was the current step (a newcomer's
+            # run once went on into the tuner's sweep and stopped 45 s later)
+            reason = self.interrupted or policy.run(self.facade()) or "done"
         except SessionError as exc:
             reason = f"error: {exc}"
             raise

@@ -278,3 +278,28 @@ def test_session_killed_mid_gate_resumes(tmp_path):
     assert [e.kind for e in s.events()].count("session_started") == 2
     json.dumps([e.model_dump(mode="json") for e in s.events()])  # the record reads back whole
 
+
+
+def test_a_ctrl_c_during_the_baseline_stops_before_the_policy(tmp_path, monkeypatch):
+    """The first Ctrl-C stops 'after the current step': during the baseline, that is the baseline (a
+    newcomer's tuner run once went on into its sweep and stopped 45 s later)."""
+    repo = make_repo(tmp_path)
+    s = Session.start(repo / "kernels" / "matmul_cpu", "test", Budget(), runs_root=tmp_path / "runs", gate_config=GATE)
+    real = Session.establish_baseline
+
+    def baseline_then_ctrl_c(self):
+        real(self)
+        self.interrupted = "interrupted"  # what the SIGINT handler sets while the baseline runs
+
+    monkeypatch.setattr(Session, "establish_baseline", baseline_then_ctrl_c)
+
+    class Policy:
+        ran = False
+
+        def run(self, ctx):
+            Policy.ran = True
+            return "done"
+
+    assert s.run(Policy()) == "interrupted"
+    assert not Policy.ran
+    assert [e.reason for e in s.record.events() if e.kind == "session_ended"] == ["interrupted"]
