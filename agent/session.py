@@ -396,8 +396,8 @@ class Session:
     def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None,
                gate_seconds: float | None = None) -> Verdict:
         """Judge the worktree against the best. `gate_seconds`: this decision's timing cap (recorded in
-        the attempt). SubmitRefused (nothing recorded, no attempt spent) for the identical change the
-        gate already found not faster, or slower, against this same best."""
+        the attempt). SubmitRefused (nothing recorded, no attempt spent) for no change at all, and for the
+        identical change the gate already found not faster, or slower, against this same best."""
         if self.best_build is None:
             self.establish_baseline()
         number = self.attempts_made() + 1
@@ -414,7 +414,13 @@ class Session:
         finally:
             self.current_attempt = None
         prebuild_s = time.monotonic() - prebuilt  # the gate's build below is then a cache hit
-        if why := self.already_judged(patch, digest):
+        if not patch.strip() and not changed:
+            why = ("nothing changed against the best: the worktree is the best version, so there is nothing to "
+                   "judge; refused without an attempt. Edit an editable file, or pass knob settings (kloop submit "
+                   "--knob NAME=VALUE; MCP: knobs=...)")
+        else:
+            why = self.already_judged(patch, digest)
+        if why:
             if knobs:  # the knob settings written above go back to what they were
                 knobs_file.unlink(missing_ok=True) if knobs_before is None else knobs_file.write_bytes(knobs_before)
             self.log("note", text=f"submit refused without timing: {why}", data={"refused": title[:200]})

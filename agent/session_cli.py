@@ -82,7 +82,7 @@ def run_tool(name: str, args: dict, run: Optional[str], runs_dir: Optional[Path]
     finally:
         service.close()
     _emit(name, result, as_json)
-    if result.event == "bad_input":  # a knob value, a field, a tool name: the caller's error, as elsewhere
+    if result.bad_input:  # a knob value, a field, a tool name: the caller's error, as elsewhere
         raise typer.Exit(2)
     if result.event in ("busy", "budget") or result.text.startswith("not run:"):
         raise typer.Exit(3)

@@ -23,6 +23,7 @@ from agent.replay import replay
 from agent.run_state import RunState
 from agent.session import Session
 from agent.trailers import parse_trailers
+from tools.port import SubmitRefused
 from tests.fakes import make_repo  # noqa: F401  (other tests import it from here too)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,10 +157,13 @@ def test_previous_output_rejected(session):
     assert "call 1" in v.reason
 
 
-def test_no_change_rejected(session):
-    head = session.ws.head()
-    v = session.submit("Nothing", "")
-    assert_rejected(session, v, "scope", "nothing changed", head)
+def test_no_change_refused_without_an_attempt(session):
+    """Nothing to judge: refused before the gate, no attempt spent (the gate itself rejects it at scope
+    for a caller that goes to it directly: tests/test_scope.py)."""
+    head, attempts = session.ws.head(), session.attempts_made()
+    with pytest.raises(SubmitRefused, match="nothing changed against the best.*without an attempt"):
+        session.submit("Nothing", "")
+    assert session.ws.head() == head and session.attempts_made() == attempts
 
 
 def test_real_speedup_accepted_with_trailers(session):

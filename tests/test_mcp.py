@@ -148,12 +148,12 @@ def test_stdio_briefing_and_files(stdio_run):
 
 def test_stdio_noop_refused_and_gain_lands_as_one_commit(stdio_run):
     noop = stdio_run["noop"]
-    assert "nothing changed" in text_of(noop) and noop.structured_content["accepted"] is False
+    assert noop.is_error and "nothing changed" in text_of(noop) and "without an attempt" in text_of(noop)
     gain = stdio_run["gain"]
     assert gain.structured_content["accepted"] is True, text_of(gain)
     assert gain.structured_content["speedup"] > 1.5
     status = stdio_run["status"].structured_content
-    assert status["accepted"] == 1 and status["attempts"] == 3 and status["left"]["attempts"] == 5
+    assert status["accepted"] == 1 and status["attempts"] == 2 and status["left"]["attempts"] == 6  # the no-op cost none
     info = RunRecord.open(stdio_run["run_dir"]).info
     assert info.policy == "mcp:pytest-mcp/0.9"
     assert accepted_commits(stdio_run["repo"], info.branch, info.base_commit) == ["Compute the product twice, not four times"]

@@ -1,5 +1,5 @@
-"""A tool call's bad input (tools/base.ToolBox.call) is said plainly and marked `bad_input`, which the
-shell commands exit 2 on, as everywhere else in kloop (a newcomer's `kloop submit --knob TILE=7` once
+"""A tool call's bad input (tools/base.ToolBox.call) is said plainly and marked `bad_input` (not an
+event: it changes no session state), which the shell commands exit 2 on, as everywhere else in kloop (a newcomer's `kloop submit --knob TILE=7` once
 exited 1 with 'submit failed: TaskError: ...')."""
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ def _box() -> ToolBox:
 
 def test_a_task_error_is_bad_input_said_plainly():
     r = _box().call("set_knob", {"value": 7})
-    assert not r.ok and r.event == "bad_input"
+    assert not r.ok and r.bad_input and r.event is None
     assert r.text == "error: task.toml: knob TILE=7 is not allowed (allowed values: [0, 16, 64])"
 
 
 def test_invalid_fields_and_unknown_tools_are_bad_input_too():
     box = _box()
     for r in (box.call("set_knob", {"value": "seven"}), box.call("set_knob", {"valu": 1}), box.call("nosuch", {})):
-        assert not r.ok and r.event == "bad_input", r
+        assert not r.ok and r.bad_input and r.event is None, r
 
 
 def test_a_tool_failure_is_not_bad_input():
     r = _box().call("crash", {"value": 1})
-    assert not r.ok and r.event is None and "RuntimeError: disk on fire" in r.text
+    assert not r.ok and not r.bad_input and "RuntimeError: disk on fire" in r.text
     assert _box().call("set_knob", {"value": 16}).ok

@@ -30,6 +30,7 @@ class ToolResult(BaseModel):
     data: dict[str, Any] | None = None  # structured figures for the run record, not shown to the model
     # set by tools that end the policy's turn or change the session state (submit/revert)
     event: str | None = None
+    bad_input: bool = False  # the caller's input was wrong (a field, a knob value, a tool name): exit 2 from the shell
 
 
 def cap(text: str, limit: int = MAX_RESULT_CHARS) -> str:
@@ -73,19 +74,19 @@ class ToolBox:
         tool = self.tools.get(name)
         if tool is None:
             return ToolResult(ok=False, text=f"error: no tool named {name!r}; tools: {', '.join(self.tools)}",
-                              event="bad_input")
+                              bad_input=True)
         try:
             args = tool.input_model.model_validate(raw_input if raw_input is not None else {})
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
             )
-            return ToolResult(ok=False, text=f"error: invalid input for {name}: {problems}", event="bad_input")
+            return ToolResult(ok=False, text=f"error: invalid input for {name}: {problems}", bad_input=True)
         secrets = secret_values()
         try:
             result = tool.fn(self.context, args)
         except TaskError as exc:  # the caller's input against the task (a knob value, say): said plainly
-            return ToolResult(ok=False, text=cap(scrub(f"error: {exc}", secrets)), event="bad_input")
+            return ToolResult(ok=False, text=cap(scrub(f"error: {exc}", secrets)), bad_input=True)
         except Exception as exc:  # a tool failure costs one call, never the session
             return ToolResult(ok=False, text=cap(scrub(f"error: {name} failed: {type(exc).__name__}: {exc}", secrets)))
         # scrubbed before it is cut: a secret cut in two would not be found any more
