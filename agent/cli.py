@@ -36,6 +36,15 @@ EXIT_NOT_RUN = 3  # not run: another process holds the run, a budget is spent, .
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT), as shells expect
 
 
+
+def _clip(text: str, limit: int = 600) -> str:
+    """A live line's reason, whole words only (an "undecided" reason ends with the advice that matters:
+    it is kept when it fits); `kloop show` has every reason in full."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " ... (kloop show RUN N has it whole)"
+
 def fail(message: str, code: int = EXIT_USAGE) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
@@ -333,7 +342,7 @@ class Progress:
         elif kind == "attempt_started":
             line = f"[bold]attempt {event.attempt}[/]: {escape(event.title)}"
         elif kind == "verdict":
-            line = f"  {'[green]accepted[/]' if event.accepted else '[red]rejected[/]'}: {escape(event.reason[:300])}"
+            line = f"  {'[green]accepted[/]' if event.accepted else '[red]rejected[/]'}: {escape(_clip(event.reason))}"
             stages = (getattr(event, "figures", None) or {}).get("stage_seconds") or {}
             if stages and isinstance(stages, dict):  # where the decision's seconds went
                 line += "\n  [dim]" + escape(", ".join(f"{k} {fmt_num(v, '.1f')}" for k, v in stages.items())) + " s[/]"
@@ -947,7 +956,7 @@ def report(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
         fail(str(exc))
     out = output or Path(f"kloop-{view.run_id}.html")
     out.write_text(render_report(view), encoding="utf-8")
-    console.print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; {len(view.attempts)} attempts); open it in a browser", highlight=False)
+    console.print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; {len(view.attempts)} attempt{'s' * (len(view.attempts) != 1)}); open it in a browser", highlight=False)
 
 
 @app.command()

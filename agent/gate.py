@@ -132,7 +132,8 @@ class Verdict(BaseModel):
         }
 
     def summary(self) -> str:
-        head = f"{'ACCEPTED' if self.accepted else 'REJECTED'} at {self.stage}: {self.reason}"
+        # "ACCEPTED: faster: ..." (an accepted verdict's stage is "accepted": "at accepted" said it twice)
+        head = f"ACCEPTED: {self.reason}" if self.accepted else f"REJECTED at {self.stage}: {self.reason}"
         lines = [head]
         if self.ab:
             for s in self.ab.shapes:
