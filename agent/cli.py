@@ -36,7 +36,6 @@ EXIT_NOT_RUN = 3  # not run: another process holds the run, a budget is spent, .
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT), as shells expect
 
 
-
 def _clip(text: str, limit: int = 600) -> str:
     """A live line's reason, whole words only (an "undecided" reason ends with the advice that matters:
     it is kept when it fits); `kloop show` has every reason in full."""
@@ -44,6 +43,7 @@ def _clip(text: str, limit: int = 600) -> str:
     if len(text) <= limit:
         return text
     return text[:limit].rsplit(" ", 1)[0] + " ... (kloop show RUN N has it whole)"
+
 
 def fail(message: str, code: int = EXIT_USAGE) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
