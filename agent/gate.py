@@ -74,6 +74,11 @@ class GateConfig(BaseModel):
     # spread of samples within one runner shows; 5% still leaves 10% hidden work caught
     escape_trail_rel_floor: float = 0.05
     escape_trail_abs_floor_s: float = 2e-6  # per sample
+    # a cold probe's own call, which no sample charges (CPU tasks): the candidate's mean over its probes
+    # may reach this many times the best's, plus one of the best's timed calls. Beyond, the probes do
+    # work of their own (a red-team kernel spun 40 ms in every second probe, unflagged): the window is
+    # closed to about a call. CUDA's probes report their event time too; their bound waits for a GPU run
+    untimed_call_factor: float = 1.5
     # CPU after answering, over every timed call (an honest runner sits blocked on its pipe)
     after_return_abs_s: float = 30e-6
     after_return_rel: float = 0.05
@@ -585,6 +590,14 @@ class Gate:
                 f"of which after return {fmt_us(s.after_return_b)} vs {fmt_us(s.after_return_a)} "
                 f"(timed {fmt_us(s.time_b)} vs {fmt_us(s.time_a)}; wall until idle {fmt_us(s.wall_b)} vs {fmt_us(s.wall_a)}; "
                 f"{s.probes} cold probes each)" for s in escaped)
+        untimed = [s for s in ab.shapes if not self.task.on_gpu and _finite(s.probe_call_a) and _finite(s.probe_call_b)
+                   and s.probe_call_b > self.untimed_call_allowance(s)]
+        if untimed:
+            return "timing", "work in untimed calls (the cold probes, which no sample charges): " + "; ".join(
+                f"{s.shape}: a probe's call took {fmt_us(s.probe_call_b)} on average vs {fmt_us(s.probe_call_a)} for the "
+                f"best's (allowed up to {fmt_us(self.untimed_call_allowance(s))}: {self.config.untimed_call_factor:g} x the "
+                f"best's plus one of its timed calls, {fmt_us(s.time_a)}, scaled by the candidate's own timed calls "
+                f"where slower, {fmt_us(s.time_b)}; {s.probes} probes each)" for s in untimed)
         if self.task.on_gpu:
             untrailed = [s for s in ab.shapes if not (_finite(s.trail_a) and _finite(s.trail_b) and _finite(s.trail_a_se)
                                                        and s.trail_samples > 0)]
@@ -690,6 +703,16 @@ class Gate:
         cfg = self.config
         se = s.extra_a_se if _finite(s.extra_a_se) else math.inf
         return max(cfg.escape_abs_floor_s, cfg.escape_rel_floor * s.time_a) + cfg.escape_sigmas * math.sqrt(2) * se
+
+    def untimed_call_allowance(self, s) -> float:
+        """Seconds a cold probe's call of the candidate may take on average: `untimed_call_factor` x the
+        best's plus one of the best's timed calls, or the same scaled to the candidate's own timed calls
+        when those are slower (an honestly slower kernel is slower cold too: that is a regression for
+        the speed question, not work hidden in probes). A faster kernel's cold call is rarely slower than
+        the best's; the factor leaves room for one that is, and for the noise of a few cold calls."""
+        factor = self.config.untimed_call_factor
+        own = s.time_b / s.time_a if _finite(s.time_b) and s.time_a > 0 and s.time_b > s.time_a else 1.0
+        return (factor * s.probe_call_a + s.time_a) * own
 
     def trail_allowance(self, s) -> float:
         """Seconds per call the candidate's device work after the timed region may exceed the best's by: as

@@ -168,6 +168,8 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         # the best's own spread: the escape allowance is a few of these (the candidate's spread is its own to inflate)
         row.extra_a_se = robust_se_of_quartile([p[1] for p in st.probes["a"]])
         row.probes = min(len(st.probes["a"]), len(st.probes["b"]))
+        # every probe counted (a mean: time spent in one probe of two is not trimmed away); NaN fails closed
+        row.probe_call_a, row.probe_call_b = (_mean([p[3] for p in st.probes[w]]) for w in ("a", "b"))
         # work after return over every timed call (not only the probes) counts as work outside the timing
         for which in ("a", "b"):
             leak = _median(st.after_return[which]) if st.after_return[which] else 0.0
@@ -191,6 +193,10 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
     report.speedup = total.speedup
     report.speedup_lo, report.speedup_hi = total.interval(rules.alpha)
     return report
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
 
 
 def _low_quartile(xs: list[float]) -> float:

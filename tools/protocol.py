@@ -132,6 +132,10 @@ class ShapeAB(BaseModel):
     idle_cpu_a: float | None = None
     idle_cpu_b: float | None = None
     probes: int = 0
+    # the cold probes' own call time, the mean over every probe of the side (a probe is a call no sample
+    # charges: what it costs beyond a cold call is bounded like for like by the gate). None: not measured
+    probe_call_a: float | None = None
+    probe_call_b: float | None = None
     # the standard error of extra_a's lower quartile, from the spread of the best's own probes (robust:
     # 1.4826 MAD): the escape allowance is a few of these. None/NaN: not measured (fail closed)
     extra_a_se: float | None = None

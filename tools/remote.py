@@ -187,8 +187,10 @@ class RemoteLib:
             return wall + carry * 1e-9
         return cpu
 
-    def probe(self, key, idle_s: float = IDLE_WINDOW_S, snapshot=None) -> tuple[float, float, float]:
-        """(wall, extra, idle_cpu) of one cold call, measured from outside the runner. `snapshot` (CUDA):
+    def probe(self, key, idle_s: float = IDLE_WINDOW_S, snapshot=None) -> tuple[float, float, float, float]:
+        """(wall, extra, idle_cpu, call) of one cold call, measured from outside the runner. `call`: the
+        call's own time, which no sample charges (CPU: the runner's CPU time over the call, every thread;
+        CUDA: its events). `snapshot` (CUDA):
         the key of a bound set that receives a stream-ordered copy of the call's outputs (Host.run).
 
         extra: seconds outside what the timer measures — on CUDA the judge's wall until the runner's
@@ -220,7 +222,8 @@ class RemoteLib:
         idle_cpu = (self._idle_from - c1) * 1e-9
         # CPU beyond the wall: threads working beside the call (beyond `threads` x the wall where allowed)
         beyond = max(0.0, (c1 - c0) * 1e-9 - self.threads * wall)
-        return wall, (wall - timed) + beyond + idle_cpu, idle_cpu
+        call = timed if self.cuda else (c1 - c0) * 1e-9
+        return wall, (wall - timed) + beyond + idle_cpu, idle_cpu, call
 
 
 def _seconds(xs, i: int) -> float:
