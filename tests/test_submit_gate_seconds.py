@@ -160,7 +160,7 @@ def test_a_knob_default_edited_in_the_source_points_to_submit_knobs(service):
     before = len(_attempts(service))
     res = service.call("submit", {"title": "Loop order i-k-j", "gate_seconds": 1})
     assert not res.ok and res.event == "refused", res.text
-    assert "LOOP_ORDER" in res.text and 'submit(knobs={"LOOP_ORDER": 1})' in res.text, res.text
+    assert "LOOP_ORDER" in res.text and 'submit(knobs={"LOOP_ORDER": 1})' in res.text and "kloop submit --knob LOOP_ORDER=1" in res.text, res.text
     assert "comment or whitespace" not in res.text and len(_attempts(service)) == before
 
 

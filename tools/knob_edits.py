@@ -28,9 +28,12 @@ def knob_define_edits(patch: str, knobs: Iterable[str]) -> dict[str, str]:
 
 
 def _names_and_setting(edits: dict[str, str]) -> tuple[str, str]:
+    """The knobs' names, and how to pass their settings both ways in: MCP's `submit(knobs={...})` and the
+    shell's `kloop submit --knob NAME=VALUE` (a shell user once read only the MCP form)."""
     names = ", ".join(sorted(edits))
     setting = ", ".join(f'"{k}": {v}' if re.fullmatch(r"-?\d+", v or "") else f'"{k}": {v!r}' for k, v in sorted(edits.items()))
-    return names, setting
+    flags = " ".join(f"--knob {k}={v}" for k, v in sorted(edits.items()))
+    return names, f"submit(knobs={{{setting}}}) (from the shell: kloop submit {flags})"
 
 
 def knob_edit_advice(edits: dict[str, str]) -> str:
@@ -38,8 +41,8 @@ def knob_edit_advice(edits: dict[str, str]) -> str:
     names, setting = _names_and_setting(edits)
     return (f"this change edits the #define default of the knob{'s' if len(edits) > 1 else ''} {names} in the source; knobs "
             "reach the compiler as -DNAME=VALUE (the setting in knobs.toml), so that default is never used and the "
-            "build is the best's own code. Revert the edit and pass the setting instead: submit(knobs={"
-            + setting + "}) (the `knobs` tool lists each knob's allowed values)")
+            "build is the best's own code. Revert the edit and pass the setting instead: "
+            + setting + " (the `knobs` tool lists each knob's allowed values)")
 
 
 def knob_edit_note(edits: dict[str, str]) -> str:
@@ -47,4 +50,4 @@ def knob_edit_note(edits: dict[str, str]) -> str:
     names, setting = _names_and_setting(edits)
     return (f"Note: this change also edits the #define default of the knob{'s' if len(edits) > 1 else ''} {names} in "
             "the source, which does nothing (knobs reach the compiler as -DNAME=VALUE, the setting in knobs.toml): "
-            "what was judged is the rest of the change. To try that setting, pass it: submit(knobs={" + setting + "})")
+            "what was judged is the rest of the change. To try that setting, pass it: " + setting)
