@@ -142,8 +142,20 @@ def target_from_branch(repo: Path, branch: str, runs_roots: list[Path]) -> Audit
     repo_root = find_repo(Path(repo)) if Path(repo).exists() else None
     if repo_root is None:
         raise AuditInputError(f"{repo} is not inside a git repository (pass --repo)")
-    tip = _need_commit(repo_root, branch, f"no branch {branch!r} in {repo_root}")
     run_id = branch.removeprefix("kloop/")
+    try:
+        tip = resolve_commit(repo_root, branch)
+    except WorkspaceError:
+        # a shipped task's session branch lives in kloop's copy of the task (<runs>/_tasks/<name>), not in
+        # the checkout it was started from: its record names that repository
+        record = next((Path(r) / run_id for r in runs_roots if (Path(r) / run_id / "run.json").is_file()), None)
+        if record is None:
+            raise AuditInputError(f"no branch {branch!r} in {repo_root}, and no run record {run_id!r} in "
+                                  + ", ".join(str(r) for r in runs_roots)) from None
+        found = target_from_run(record)
+        if found.branch != branch:
+            raise AuditInputError(f"no branch {branch!r} in {repo_root} (run {run_id}'s record names {found.branch!r})")
+        return found
     for root in runs_roots:
         if (Path(root) / run_id / "run.json").is_file():
             found = target_from_run(Path(root) / run_id, repo_root)

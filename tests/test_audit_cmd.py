@@ -195,6 +195,18 @@ def test_a_branch_with_its_record_uses_the_record(tmp_path):
     assert json.loads(res.stdout)["source"] == "run record"
 
 
+def test_a_branch_in_another_repository_is_found_through_its_record(tmp_path):
+    """A shipped task's session branch lives in kloop's copy of the task (<runs>/_tasks/<name>), not in the
+    checkout a user runs `kloop audit kloop/<run-id>` from: the run record names its repository."""
+    s = session_repo(tmp_path)
+    checkout = tmp_path / "checkout"
+    git.Repo.init(checkout)
+    res = invoke("audit", BRANCH, "--repo", str(checkout), "--runs-dir", str(s["runs"]), "--no-timing", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["source"] == "run record" and out["total"] == 1 and out["repo"] == str(s["repo"].resolve())
+
+
 @pytest.mark.parametrize("args, words", [
     (["no-such-run"], "no run 'no-such-run'"),
     (["kloop/nope"], "no branch 'kloop/nope'"),
