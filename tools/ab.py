@@ -168,7 +168,8 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         # the best's own spread: the escape allowance is a few of these (the candidate's spread is its own to inflate)
         row.extra_a_se = robust_se_of_quartile([p[1] for p in st.probes["a"]])
         row.probes = min(len(st.probes["a"]), len(st.probes["b"]))
-        # every probe counted (a mean: time spent in one probe of two is not trimmed away); NaN fails closed
+        # every probe counted (a mean: time spent in one probe of two is not trimmed away); NaN (no probe):
+        # the gate skips this bound, and the probes' other figures (wall, extra, idle) fail closed instead
         row.probe_call_a, row.probe_call_b = (_mean([p[3] for p in st.probes[w]]) for w in ("a", "b"))
         # work after return over every timed call (not only the probes) counts as work outside the timing
         for which in ("a", "b"):
