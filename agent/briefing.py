@@ -85,7 +85,7 @@ def briefing_fields(session) -> dict[str, str]:
                       "- changing a kernel's parameters: the launch (signature, constexprs, grid) is the task's "
                       f"({', '.join(f'{k.name}({chr(44).join(k.signature)})' for k in m.triton.kernels)})"]
     else:
-        forbidden += [f"- `{p}`: {r}" for p, r in source_rules(m.threads)]
+        forbidden += [f"- `{p}`: {r}" for p, r in source_rules(m.threads, m.target)]
     files = task.editable_files(session.ws.task_path)
     return {
         "task_name": m.name,

@@ -213,6 +213,10 @@ def eval_cmd(
 
 # ---- sessions -----------------------------------------------------------------------------------
 
+RUNS_DIR_DEFAULT = "(default: $KLOOP_RUNS, else the one holding the session worktree you are in, else .kloop/runs of the git repository around the current folder, else ~/.kloop/runs)"
+RUNS_DIR_HELP = "Runs folder " + RUNS_DIR_DEFAULT + "."
+
+
 def _runs_root(runs_dir: Optional[Path], task: Optional[Path] = None) -> Path:
     """--runs-dir, else $KLOOP_RUNS, else <repo>/.kloop/runs (see agent/locations.py)."""
     from agent.locations import default_runs_root
@@ -511,7 +515,7 @@ def _print_sandbox(sandbox: dict) -> None:
 
 @app.command()
 def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run folder, or 'last'."),
-           runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+           runs_dir: Optional[Path] = typer.Option(None, help=RUNS_DIR_HELP),
            model: Optional[str] = typer.Option(None, help="Claude model id (claude runs)."),
            max_turns: Optional[int] = typer.Option(None, help="Claude: most model turns, for the whole run.", callback=_at_least(1, False)),
            max_cost: Optional[float] = typer.Option(None, help="Claude: most USD for the whole run.", callback=_at_least(0, True)),
@@ -571,7 +575,7 @@ def resume(run: str = typer.Argument(..., help="Run id (or a unique prefix), run
 
 
 @app.command()
-def runs(runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+def runs(runs_dir: Optional[Path] = typer.Option(None, help=RUNS_DIR_HELP),
          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List runs: task, who drove it, started, attempts, accepted, best speedup, its state (live, idle, ended)."""
     from agent.records import list_runs
@@ -683,7 +687,7 @@ def _print_log(run_dir: Path, as_json: bool) -> None:
 
 @app.command()
 def log(run: str = typer.Argument("last", help="Run id, run folder, 'last', or a branch name (kloop/...)."),
-        runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+        runs_dir: Optional[Path] = typer.Option(None, help=RUNS_DIR_HELP),
         repo: Path = typer.Option(Path("."), help="Repository holding the branch (for a branch name)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """One row per accepted commit: title, speedup with interval, time per bench shape, registers/spills."""
@@ -702,7 +706,7 @@ def log(run: str = typer.Argument("last", help="Run id, run folder, 'last', or a
 def show(run: str = typer.Argument("last", help="Run id (or a unique prefix), run folder, or 'last'."),
          attempt: Optional[int] = typer.Argument(None, help="One attempt: its full reason, or its patch with --diff."),
          diff: bool = typer.Option(False, "--diff", help="Print the attempt's patch (needs N)."),
-         runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+         runs_dir: Optional[Path] = typer.Option(None, help=RUNS_DIR_HELP),
          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every attempt of a run, accepted or not, and why; `show RUN N --diff` prints attempt N's patch."""
     from agent.records import RunRecord
@@ -770,7 +774,7 @@ def _show_attempt(record, attempts, number: int, diff: bool, as_json: bool) -> N
 
 @app.command()
 def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."),
-           runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+           runs_dir: Optional[Path] = typer.Option(None, help=RUNS_DIR_HELP),
            repo: Optional[Path] = typer.Option(None, help="Repository holding the run's base commit (default: as recorded)."),
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Re-apply each recorded attempt from the recorded base, re-run the gate here, compare verdicts."""
@@ -809,7 +813,7 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
 
 @app.command("audit")
 def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix), run folder, 'last', or a branch kloop/<run-id>."),
-              runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+              runs_dir: Optional[Path] = typer.Option(None, help=RUNS_DIR_HELP),
               repo: Optional[Path] = typer.Option(None, help="Repository holding the branch (default: the current directory's; for a run: as recorded)."),
               no_timing: bool = typer.Option(False, "--no-timing", help="Scope, static rules, build, audit and check only (no paired timing)."),
               seconds: Optional[float] = typer.Option(None, help="Timing seconds per commit (default: the run's gate setting).", callback=_at_least(0, True)),
@@ -877,7 +881,7 @@ def audit_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix
 @app.command("export")
 def export_cmd(run: str = typer.Argument("last", help="Run id (or a unique prefix), run folder, 'last', or a branch kloop/<run-id>."),
                out: Path = typer.Option(..., "-o", "--out", help="Folder to write the package into (new or empty)."),
-               runs_dir: Optional[Path] = typer.Option(None, help="Runs folder."),
+               runs_dir: Optional[Path] = typer.Option(None, help=RUNS_DIR_HELP),
                repo: Optional[Path] = typer.Option(None, help="Repository holding the branch (default: the current directory's; for a run: as recorded)."),
                namespace: str = typer.Option("kloop", help="The op's namespace: torch.ops.<namespace>.<task>.")) -> None:
     """A run's accepted kernel as a pip-installable torch.library op (refused if `kloop audit` rejects a commit)."""
@@ -943,8 +947,8 @@ def _error_exit(exc: BaseException) -> int:
 
 @app.command()
 def report(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."),
-           output: Optional[Path] = typer.Option(None, "-o", "--output", help="HTML file to write (default: kloop-<run>.html)."),
-           runs_dir: Optional[Path] = typer.Option(None, help="Runs folder.")) -> None:
+           output: Optional[Path] = typer.Option(None, "-o", "--output", help="HTML file to write (default: report.html in the run's folder, so no checkout gets a stray file)."),
+           runs_dir: Optional[Path] = typer.Option(None, help=RUNS_DIR_HELP)) -> None:
     """One self-contained HTML report of a run: plots, attempts with diffs, notes, transcript."""
     from agent.records import RecordError
     from agent.report_html import render_report
@@ -954,13 +958,13 @@ def report(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
         view = load_view(resolve_run(run, runs_dir))
     except RecordError as exc:
         fail(str(exc))
-    out = output or Path(f"kloop-{view.run_id}.html")
+    out = output or view.dir / "report.html"
     out.write_text(render_report(view), encoding="utf-8")
     console.print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; {len(view.attempts)} attempt{'s' * (len(view.attempts) != 1)}); open it in a browser", highlight=False)
 
 
 @app.command()
-def serve(runs_dir: Optional[Path] = typer.Option(None, "--runs", "--runs-dir", help="Runs folder to serve."),
+def serve(runs_dir: Optional[Path] = typer.Option(None, "--runs", "--runs-dir", help="Runs folder to serve " + RUNS_DIR_DEFAULT + "."),
           host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback requires a token."),
           port: int = typer.Option(8765, help="Port."),
           token: Optional[str] = typer.Option(None, envvar="KLOOP_SERVE_TOKEN", help="Token for non-loopback hosts (default: a fresh one).")) -> None:
@@ -979,7 +983,7 @@ def serve(runs_dir: Optional[Path] = typer.Option(None, "--runs", "--runs-dir", 
 @app.command()
 def compare(run_a: str = typer.Argument(..., help="Run id or folder."), run_b: str = typer.Argument(..., help="Run id or folder."),
             output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write a self-contained HTML comparison."),
-            runs_dir: Optional[Path] = typer.Option(None, help="Runs folder.")) -> None:
+            runs_dir: Optional[Path] = typer.Option(None, help=RUNS_DIR_HELP)) -> None:
     """Two runs side by side: where each was measured, each attempt's verdict and speedup, best times."""
     from agent.records import RecordError
     from agent.report_html import compare_rows, render_compare

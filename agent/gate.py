@@ -241,7 +241,7 @@ class Gate:
 
             hits += [str(v) for v in check_task_sources(self.task, cand.task_dir)]
         else:
-            rules = [(p, r) for p, r in source_rules(self.task.manifest.threads)] + rules
+            rules = source_rules(self.task.manifest.threads, self.task.target) + rules
         for rel in self.task.editable_files(cand.task_dir):
             text = strip_comments((cand.task_dir / rel).read_text(errors="replace"))
             for pattern, reason in rules:

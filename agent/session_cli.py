@@ -26,7 +26,7 @@ session_app = typer.Typer(add_completion=False, no_args_is_help=True,
                           help="Sessions driven from the shell: start, resume, end (the tools are top-level commands).")
 
 RUN_OPT = typer.Option(None, "--run", help="Run id, run folder or 'last' (default: the session of the worktree you are in).")
-RUNS_DIR_OPT = typer.Option(None, "--runs-dir", help="Runs folder (default: $KLOOP_RUNS or kloop's runs/).")
+RUNS_DIR_OPT = typer.Option(None, "--runs-dir", help="Runs folder (default: $KLOOP_RUNS, else the one holding the session worktree you are in, else .kloop/runs of the task's git repository).")
 REPO_OPT = typer.Option(None, "--repo", help="The repository holding the session branch, when the run moved machines.")
 JSON_OPT = typer.Option(False, "--json", help="Print the result as JSON.")
 KNOB_OPT = typer.Option(None, "--knob", "-k", help="NAME=VALUE, repeatable.")

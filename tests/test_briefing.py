@@ -50,3 +50,12 @@ def test_memory_bound_task_and_ledger():
     session.attempts = lambda: [Attempt(1, "Vectorise", knobs={"VEC": 8}, accepted=True, reason="faster",
                                         figures={"speedup": 1.12, "speedup_lo": 1.11, "speedup_hi": 1.13})]
     assert "#1 ACCEPTED x1.1200 [1.1100, 1.1300]: Vectorise knobs {'VEC': 8}" in ledger(session)
+
+
+def test_a_cpu_briefing_lists_only_the_rules_that_can_apply_to_it():
+    bench = [{"shape": "256x256x256", "flops": 2 * 256 ** 3, "bytes": 3 * 4 * 256 ** 2, "kernel": {"median": 5e-3}}]
+    cpu = briefing_fields(fake_session("matmul_cpu", bench))["forbidden"]
+    cuda = briefing_fields(fake_session("softmax", bench))["forbidden"]
+    assert "cudaStream" not in cpu and "cuLaunch" not in cpu and "other streams" not in cpu
+    assert "cudaStream" in cuda and "cuLaunch" in cuda
+    assert "pthread_create" in cpu and "fopen" in cpu  # the rules that do apply stay

@@ -169,6 +169,17 @@ def write_report(run_dir: Path, out: Path) -> Path:
     return out
 
 
+def test_report_goes_to_the_run_folder_not_the_working_folder(tmp_path, monkeypatch):
+    run = shutil.copytree(FIXTURE, tmp_path / "runs" / "20261129-101500-softmax-h200")
+    here = tmp_path / "checkout"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    res = CliRunner().invoke(app, ["report", str(run)])
+    assert res.exit_code == 0, res.output
+    assert (run / "report.html").stat().st_size > 100_000 and list(here.iterdir()) == []
+    assert str(run / "report.html") in res.output.replace("\n", "")
+
+
 @needs_browser
 def test_report_of_a_cpu_session_renders_offline(browser, cpu_run, tmp_path):
     v = load_view(cpu_run)

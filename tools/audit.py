@@ -39,14 +39,18 @@ from tools.sandbox import minimal_env
 THREAD_RULE = (r"\bstd::(thread|jthread|async)\b|\bpthread_create\b",
                "no background threads (the manifest's `threads` allows them): work outside the call skews the timing")
 
+STREAM_RULE = (r"\bcudaStreamCreate\w*|\bcudaStreamPerThread\b|\bcudaLaunchHostFunc\b|\bcudaStreamAddCallback\b",
+               "work must run on the stream the harness passes in: other streams escape the timing")
+DRIVER_STREAM_RULE = (r"\bcuStreamCreate\w*|\bcuLaunch\w*",
+                      "no driver-API streams: work outside the call (or beside the other build) skews the timing")
+CUDA_ONLY_RULES = (STREAM_RULE, DRIVER_STREAM_RULE)  # a CPU build has no CUDA headers and links no CUDA symbol
+
 SOURCE_RULES: list[tuple[str, str]] = [
-    (r"\bcudaStreamCreate\w*|\bcudaStreamPerThread\b|\bcudaLaunchHostFunc\b|\bcudaStreamAddCallback\b",
-     "work must run on the stream the harness passes in: other streams escape the timing"),
+    STREAM_RULE,
     (r"\b(dlopen|dlsym|popen|system|fork|execv|execl|execvp|syscall)\s*\(",
      "a kernel library must not load other code or start processes"),
     THREAD_RULE,
-    (r"\bcuStreamCreate\w*|\bcuLaunch\w*",
-     "no driver-API streams: work outside the call (or beside the other build) skews the timing"),
+    DRIVER_STREAM_RULE,
     (r"\b(fopen|ifstream|ofstream|mmap|openat|open|creat)\s*\(|\b(ifstream|ofstream)\b|std::filesystem|/proc/",
      "a kernel library must not read or write files (the harness's files included)"),
     (r"__attribute__\s*\(\([^;{]*?\b(constructor|destructor|ifunc|init_priority)\b|\.incbin\b|\bgnu::(constructor|destructor)\b",
@@ -107,9 +111,11 @@ THREAD_SYMBOLS = ["pthread_create", "pthread_join", "pthread_self", "pthread_equ
                   "_ZTVN10__cxxabiv120__si_class_type_infoE", "_ZTVN10__cxxabiv117__class_type_infoE"]  # the thread state's RTTI
 
 
-def source_rules(threads: int = 1) -> list[tuple[str, str]]:
-    """The source rules for a task allowing `threads` threads (above 1: the thread rule lifted)."""
-    return [r for r in SOURCE_RULES if threads <= 1 or r is not THREAD_RULE]
+def source_rules(threads: int = 1, target: str = "cuda") -> list[tuple[str, str]]:
+    """The source rules for a task allowing `threads` threads (above 1: the thread rule lifted); a CPU
+    task's list leaves out the CUDA stream rules (its briefing lists only what can apply to it)."""
+    return [r for r in SOURCE_RULES if (threads <= 1 or r is not THREAD_RULE)
+            and (target != "cpu" or r not in CUDA_ONLY_RULES)]
 
 CUDA_REGISTRATION = "__sti____cudaRegisterAll"
 LOAD_TIME_SECTIONS = (".init_array", ".ctors", ".preinit_array", ".fini_array", ".dtors")

@@ -441,10 +441,26 @@ def _match_knob_value(raw: Any, allowed: list[KnobValue]) -> KnobValue | None:
     return None
 
 
-def _format_validation_error(path: Path, exc: ValidationError) -> str:
+def _field_name(loc: tuple, data: Any) -> str:
+    """`shapes[6] "sq192".dims.m` for pydantic's ('shapes', 6, 'dims', 'm'): TOML's own spelling, and a
+    list entry named by its `name` where it has one (a shape is found by its name, not by counting)."""
+    out, node = "", data
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            node = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+            if isinstance(node, dict) and isinstance(node.get("name"), str):
+                out += f' "{node["name"]}"'
+        else:
+            out += f".{part}" if out else str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return out or "(top level)"
+
+
+def _format_validation_error(path: Path, exc: ValidationError, data: Any = None) -> str:
     lines = [f"{path}: invalid manifest"]
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = _field_name(tuple(err["loc"]), data)
         value = err.get("input")
         shown = repr(value)
         if len(shown) > 80:
@@ -454,6 +470,9 @@ def _format_validation_error(path: Path, exc: ValidationError) -> str:
             msg = "unknown key (not a manifest field; check the spelling)"
         elif err["type"] == "missing":
             msg = "required field is missing"
+            shown = ""
+        elif err["type"] == "value_error":  # our own validators: the message names the value already
+            msg = str(err.get("ctx", {}).get("error", msg.removeprefix("Value error, ")))
             shown = ""
         lines.append(f"  field {loc}: {msg}" + (f" (got {shown})" if shown else ""))
     return "\n".join(lines)
@@ -476,7 +495,7 @@ def load_task(path: str | Path) -> Task:
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as exc:
-        raise TaskError(_format_validation_error(manifest_path, exc)) from None
+        raise TaskError(_format_validation_error(manifest_path, exc, data)) from None
 
     root = p.resolve()
     e2e_rel = [manifest.e2e.script] if manifest.e2e else []
