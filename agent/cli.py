@@ -776,13 +776,15 @@ def _show_attempt(record, attempts, number: int, diff: bool, as_json: bool) -> N
 def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."),
            runs_dir: Optional[Path] = typer.Option(None, help=RUNS_DIR_HELP),
            repo: Optional[Path] = typer.Option(None, help="Repository holding the run's base commit (default: as recorded)."),
+           gate_seconds: Optional[float] = typer.Option(None, "--gate-seconds", min=0.5, max=600,
+                                                        help="Timing cap per decision (default: each attempt's recorded one); longer decides on a noisier machine."),
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Re-apply each recorded attempt from the recorded base, re-run the gate here, compare verdicts."""
     from agent.replay import replay as do_replay
     from tools.fmt import fmt_num, fmt_speedup
 
     run_dir = resolve_run(run, runs_dir)
-    report = do_replay(run_dir, repo=repo, on_row=None if as_json else
+    report = do_replay(run_dir, repo=repo, gate_seconds=gate_seconds, on_row=None if as_json else
                        (lambda r: err_console.print(f"  replayed #{r.attempt}: {'accepted' if r.replayed_accepted else 'rejected'}", highlight=False)))
     if as_json:
         emit_json(report.model_dump(mode="json") | {"ok": report.ok, "counts": report.counts()})
@@ -794,7 +796,9 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
             rec_txt = ("accepted" if r.recorded_accepted else "rejected") + (f" x{fmt_num(r.recorded_speedup)}" if r.recorded_speedup else "")
             rep_txt = ("accepted" if r.replayed_accepted else f"rejected ({r.replayed_stage})") + (
                 " " + fmt_speedup(r.replayed_speedup, r.replayed_lo, r.replayed_hi) if r.replayed_speedup else "")
-            agree = "n/a (interrupted)" if r.interrupted else ("yes" if r.agrees else "[red]FLIPPED[/]")
+            agree = ("n/a (interrupted)" if r.interrupted else "yes" if r.agrees else
+                     "n/a (recorded undecided)" if r.undecided else
+                     "[yellow]undecided here[/]" if r.replayed_undecided else "[red]FLIPPED[/]")
             table.add_row(str(r.attempt), escape(r.title), escape(rec_txt), escape(rep_txt), agree,
                           ("[red]NO LONGER CORRECT[/] " if r.broken else "") + escape(r.replayed_reason[:300]))
         console.print(table)
@@ -804,9 +808,15 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
         summary.add_column("count", justify="right")
         for what, n in report.counts().items():
             bad = n and what in ("accepted -> rejected", "rejected -> accepted", "no longer correct")
-            summary.add_row(what, f"[red]{n}[/]" if bad else str(n))
+            summary.add_row(what, f"[red]{n}[/]" if bad else f"[yellow]{n}[/]" if n and what == "accepted, undecided here" else str(n))
         console.print(summary)
-        console.print("[green]every verdict reproduced[/]" if report.ok else "[red]verdicts flipped: the run does not replay here[/]")
+        if report.ok:
+            console.print("[green]every verdict reproduced[/]")
+        elif report.contradicted:
+            console.print("[red]verdicts flipped: the run does not replay here[/]")
+        else:
+            console.print("[yellow]not confirmed: an accepted change could not be decided here (the interval was wider "
+                          "than the noise limit); replay on a quieter machine, or with a longer --gate-seconds[/]")
     if not report.ok:
         raise typer.Exit(EXIT_FAILURE)
 

@@ -43,8 +43,13 @@ class ReplayReport(BaseModel):
 
     @property
     def ok(self) -> bool:
-        """No recorded accept broken here and no verdict flipped (either way)."""
-        return not any(r.broken or r.flipped for r in self.rows)
+        """Every recorded verdict reproduced: no accept broken, none left undecided here, none flipped."""
+        return not any(r.broken or r.flipped or r.unconfirmed for r in self.rows)
+
+    @property
+    def contradicted(self) -> bool:
+        """A verdict this machine decided the other way, or an accept that is no longer correct here."""
+        return any(r.broken or r.flipped for r in self.rows)
 
     def counts(self) -> dict[str, int]:
         rows = self.rows
@@ -54,6 +59,7 @@ class ReplayReport(BaseModel):
             "accepted -> rejected": sum(1 for r in rows if r.flipped and r.recorded_accepted),
             "rejected -> accepted": sum(1 for r in rows if r.flipped and not r.recorded_accepted),
             "no longer correct": sum(1 for r in rows if r.broken),
+            "accepted, undecided here": sum(1 for r in rows if r.unconfirmed),
             "interrupted (not compared)": sum(1 for r in rows if r.interrupted),
         }
 
@@ -228,12 +234,13 @@ def _revert_tool(ctx: ReplayBench, args: NoInput) -> ToolResult:
     return ToolResult(text="candidate dropped")
 
 
-def replay(run_dir: Path, repo: Path | None = None, gate_config: GateConfig | None = None, on_row=None) -> ReplayReport:
+def replay(run_dir: Path, repo: Path | None = None, gate_config: GateConfig | None = None, on_row=None,
+           gate_seconds: float | None = None) -> ReplayReport:
     record = rec.RunRecord.open(run_dir)
     info = record.info
     repo = Path(repo or info.repo_root)
     report = ReplayReport(run_id=info.run_id, recorded_machine=_machine(info.machine, info.versions))
-    policy = ReplayPolicy.from_record(run_dir, on_row=on_row)
+    policy = ReplayPolicy.from_record(run_dir, on_row=on_row, gate_seconds=gate_seconds)
     with tempfile.TemporaryDirectory(prefix="kloop-replay-") as tmp:
         bench = ReplayBench(Path(tmp), repo, info, gate_config or RunConfig.from_info(info, where=str(Path(run_dir) / "run.json")).gate)
         policy.run(PolicyFacade(bench))

@@ -3,7 +3,7 @@
 # showcase session's bundle (the branch of accepted commits, its head = the best kernel), with today's task
 # files (spec, manifest) committed over the old ones; a new kloop session starts from that head, the new
 # kernel is submitted through `kloop submit` (the gate decides), the session ends, and the run is replayed.
-#   bash bench/device_dogfood.sh TASK BUNDLE KERNEL.cu "TITLE" "RATIONALE" [GATE_SECONDS]
+#   bash bench/device_dogfood.sh TASK BUNDLE KERNEL_FILE "TITLE" "RATIONALE" [GATE_SECONDS]   (KERNEL_FILE replaces the task's first source)
 # Writes $OUT/dogfood_TASK.txt (every command's output) and $OUT/dogfood_TASK.tgz (the run record + bundle).
 set -uo pipefail
 out=${OUT:-/tmp}; here=$PWD
@@ -27,7 +27,8 @@ t0=$SECONDS
 kloop session start "$repo/$task" --json --gate-seconds "$gate_s" > /tmp/start_$task.json; cat /tmp/start_$task.json
 echo "== session start: $((SECONDS - t0)) s"
 wt=$(python3 -c "import json;print(json.load(open('/tmp/start_$task.json'))['worktree'])")
-cd "$wt/$task" && cp "$kernel" "$task.cu"
+src=$(python3 -c "import tomllib,sys;print(tomllib.load(open(sys.argv[1],'rb'))['sources'][0])" "$repo/$task/task.toml")
+cd "$wt/$task" && cp "$kernel" "$src"
 t0=$SECONDS
 kloop submit -m "$title" --rationale "$why" 2>&1 | tail -40
 echo "== submit: $((SECONDS - t0)) s"

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -136,6 +137,42 @@ def test_replay_flips_either_way_fail_but_interrupted_rejections_do_not():
     assert not up.ok and up.counts()["rejected -> accepted"] == 1
     cut = ReplayReport(run_id="r", recorded_machine="m", rows=[row(1, False, True, "interrupted: the session stopped")])
     assert cut.ok and cut.counts()["interrupted (not compared)"] == 1
+
+
+def test_an_accept_undecided_on_a_noisy_replay_is_unconfirmed_not_flipped():
+    """A loaded replay machine that cannot decide neither confirms nor contradicts: not ok, not a flip."""
+    noisy = ReplayRow(attempt=1, title="t", recorded_accepted=True, recorded_reason="faster: x4.1",
+                      replayed_accepted=False, replayed_stage="timing",
+                      replayed_reason="undecided (noisy machine): workload time ratio x4.2 ... (half-width 0.1 in log)")
+    assert noisy.unconfirmed and not noisy.flipped
+    report = ReplayReport(run_id="r", recorded_machine="m", rows=[noisy])
+    assert not report.ok and not report.contradicted
+    assert report.counts()["accepted, undecided here"] == 1 and report.counts()["accepted -> rejected"] == 0
+    slower = noisy.model_copy(update={"replayed_reason": "not measurably faster: workload time ratio x1.0"})
+    assert slower.flipped and not slower.unconfirmed
+    assert ReplayReport(run_id="r", recorded_machine="m", rows=[slower]).contradicted
+    # a rejection undecided here was never a claim of a gain: it agrees with a recorded rejection
+    assert not noisy.model_copy(update={"recorded_accepted": False, "recorded_reason": "not measurably faster"}).unconfirmed
+
+
+def test_replay_passes_its_gate_seconds_over_the_recorded_ones():
+    from agent.policies.replay import RecordedAttempt, ReplayPolicy
+
+    seen = []
+
+    class Box:
+        def call(self, name, args):
+            seen.append((name, args))
+            return SimpleNamespace(ok=True, data={"accepted": True, "stage": "accepted"}, text="")
+
+    ctx = SimpleNamespace(stop_reason=lambda: None, toolbox=Box())
+    attempts = [RecordedAttempt(number=1, title="one", accepted=True, patch="p", gate_seconds=2.0),
+                RecordedAttempt(number=2, title="two", accepted=False, patch="p")]
+    ReplayPolicy(attempts).run(ctx)
+    assert [a.get("gate_seconds") for n, a in seen if n == "submit"] == [2.0, None]
+    seen.clear()
+    ReplayPolicy(attempts, gate_seconds=8.0).run(ctx)
+    assert [a.get("gate_seconds") for n, a in seen if n == "submit"] == [8.0, 8.0]
 
 
 def test_bad_task_bad_spec_and_bad_run_are_one_paragraph(tmp_path):

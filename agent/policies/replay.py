@@ -50,9 +50,21 @@ class ReplayRow(BaseModel):
         return self.recorded_accepted is False and self.recorded_reason.startswith("undecided")
 
     @property
+    def replayed_undecided(self) -> bool:
+        """Undecided here (the interval wider than the noise limit, or the best far off its record): this
+        machine could neither confirm nor contradict the recorded verdict."""
+        return self.replayed_accepted is False and self.replayed_reason.startswith("undecided")
+
+    @property
     def flipped(self) -> bool:
-        """The verdict changed either way (accepted -> rejected, or a decided rejection -> accepted)."""
-        return not self.interrupted and not self.undecided and not self.agrees
+        """The verdict changed either way (accepted -> rejected, or a decided rejection -> accepted), both
+        sides decided."""
+        return not self.interrupted and not self.undecided and not self.replayed_undecided and not self.agrees
+
+    @property
+    def unconfirmed(self) -> bool:
+        """A recorded accept that this machine could not decide: not a flip, not a confirmation."""
+        return bool(self.recorded_accepted) and self.replayed_undecided and not self.broken
 
     @property
     def broken(self) -> bool:
@@ -74,13 +86,16 @@ class RecordedAttempt(BaseModel):
 class ReplayPolicy:
     name = "replay"
 
-    def __init__(self, attempts: list[RecordedAttempt], on_row: Callable[[ReplayRow], None] | None = None):
+    def __init__(self, attempts: list[RecordedAttempt], on_row: Callable[[ReplayRow], None] | None = None,
+                 gate_seconds: float | None = None):
         self.attempts = attempts
         self.on_row = on_row
+        self.gate_seconds = gate_seconds  # overrides every recorded timing cap (a noisy machine needs longer)
         self.rows: list[ReplayRow] = []
 
     @classmethod
-    def from_record(cls, run_dir: Path, on_row: Callable[[ReplayRow], None] | None = None) -> "ReplayPolicy":
+    def from_record(cls, run_dir: Path, on_row: Callable[[ReplayRow], None] | None = None,
+                    gate_seconds: float | None = None) -> "ReplayPolicy":
         from agent import records as rec
         from agent.run_state import RunState
 
@@ -90,7 +105,7 @@ class ReplayPolicy:
                                     patch=record.read_patch(a.number) if record.patch_path(a.number).is_file() else "",
                                     gate_seconds=a.gate_seconds)
                     for a in RunState.fold(record.events()).attempts]
-        return cls(attempts, on_row=on_row)
+        return cls(attempts, on_row=on_row, gate_seconds=gate_seconds)
 
     def run(self, ctx: PolicyContext) -> str:
         for a in self.attempts:
@@ -105,8 +120,8 @@ class ReplayPolicy:
             else:
                 title = a.title if len(a.title) >= 3 else f"attempt {a.number}: {a.title}"
                 args = {"title": title[:200], "rationale": a.rationale[:4000]}
-                if a.gate_seconds:
-                    args["gate_seconds"] = a.gate_seconds
+                if self.gate_seconds or a.gate_seconds:
+                    args["gate_seconds"] = self.gate_seconds or a.gate_seconds
                 res = ctx.toolbox.call("submit", args)
                 v = res.data or {}
                 row.replayed_accepted, row.replayed_stage = v.get("accepted", False), v.get("stage", "error")
