@@ -306,19 +306,19 @@ def mcp_cmd(
     runs_dir: Optional[Path] = RUNS_DIR_OPT,
 ) -> None:
     """Serve one session's tools over the Model Context Protocol (stdio, or --http HOST:PORT)."""
-    from agent import mcp_server
+    from agent.mcp_config import parse_hostport, print_config as config_text
     from agent.session_service import pending_text
 
     cli = _cli()
     host, port = "127.0.0.1", 8766  # (kloop serve's default is 8765)
     if http:
         try:
-            host, port = mcp_server.parse_hostport(http)
+            host, port = parse_hostport(http)
         except ValueError as exc:
             cli.fail(str(exc))
     run_dir = _existing_run(target, runs_dir)
     if print_config:
-        sys.stdout.write(mcp_server.print_config(target, run_dir, host, port) + "\n")
+        sys.stdout.write(config_text(target, run_dir, host, port) + "\n")
         return
     if target is None:
         cli.fail("name a task (new session) or a run (resume it); see --print-config")
@@ -343,6 +343,8 @@ def mcp_cmd(
     info = service.session.record.info
     cli._print_sandbox((service.session.sandbox.as_dict() if service.session.sandbox else None) or info.sandbox)
     cli.err_console.print(f"kloop mcp: run {info.run_id}, worktree {service.session.ws.path}", highlight=False)
+    from agent import mcp_server  # the MCP SDK, loaded only to serve
+
     reason = "mcp server stopped"
     try:
         if http:

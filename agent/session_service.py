@@ -30,6 +30,7 @@ from agent import run_state
 from agent.gate import Candidate, GateConfig
 from agent.policies.base import Budget
 from agent.locations import WORKTREES, default_runs_root
+from agent.mcp_config import TOKEN_FILE
 from agent.session import Session, SessionError
 from agent.workspace import BRANCH_PREFIX, WorkspaceError, checkout_of, find_repo, holds
 from tools.agent_tools import session_toolbox
@@ -412,7 +413,7 @@ class SessionService:
         from it) at the worktree's root: kloop's own files, never part of a change."""
         import json
 
-        from agent.mcp_server import stdio_config
+        from agent.mcp_config import stdio_config
 
         text = self.agent_text()
         written = []
@@ -492,9 +493,6 @@ class SessionService:
                 self.close()
         token = self.run_dir / TOKEN_FILE
         token.unlink(missing_ok=True)
-
-
-TOKEN_FILE = "mcp-token"
 
 
 def _scrubbed(result: ToolResult) -> ToolResult:

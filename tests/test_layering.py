@@ -68,3 +68,19 @@ def test_one_number_formatter_and_one_secret_scrubber():
                 if name.startswith("fmt_") or name in ("us", "num") or "Scrubber" in name or name in ("scrub", "scrub_text", "redact"):
                     bad.append(f"{path.relative_to(ROOT)}: {node.name}")
     assert not set(bad) - wrappers
+
+
+def test_sessions_and_client_configs_need_no_mcp_sdk():
+    """`kloop session start` writes .mcp.json and `kloop mcp --print-config` prints it: neither loads the MCP
+    SDK (a machine without it, like the H100 of stop 36, still runs shell sessions); only serving does."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['mcp'] = sys.modules['mcp_types'] = None\n"
+            "import agent.cli, agent.session_cli, agent.session_service, agent.mcp_config\n"
+            "assert 'kloop' in agent.mcp_config.stdio_config('/run')['mcpServers']\n"
+            "assert 'mcp_server' not in ' '.join(sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    served = {m for m in imported(ROOT / "agent" / "mcp_config.py") if m.split(".")[0] in ("mcp", "mcp_types")}
+    assert not served

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import git
 import pytest
 
-from agent.mcp_server import BearerGate, ensure_token, parse_hostport, print_config
+from agent.mcp_config import parse_hostport, print_config
+from agent.mcp_server import BearerGate, ensure_token
 from agent.policies.base import Budget
 from agent.records import make_event
 from agent.run_state import RunState
