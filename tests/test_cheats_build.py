@@ -186,3 +186,24 @@ def test_tma_descriptor_from_the_host_passes_the_audit(gates, tmp_path):
     from tools.libhost import _driver_in_global_scope
     if ctypes.util.find_library("cuda") is None:  # no driver here (CI): says so, never raises
         assert _driver_in_global_scope() is False
+
+
+def test_the_flag_override_rule_refuses_overrides_and_lets_diagnostics_be():
+    """`#pragma nv_diag_suppress` only silences a front-end warning (the v4 flash kernel had one for its
+    unused wrappers, and the rule refused it on the H200 in stop 36); every pragma that changes code
+    generation stays refused."""
+    import re
+
+    from tools.audit import source_rules
+
+    rules = source_rules(1, "cuda")
+
+    def hits(text):
+        return [r for p, r in rules if re.search(p, text)]
+
+    for ok in ("#pragma nv_diag_suppress 177", "#pragma nv_diag_default 177", "#pragma nv_diagnostic push",
+               "#pragma unroll 4", "#pragma once"):
+        assert hits(ok) == [], ok
+    for bad in ("#pragma nv_abi preserve_n_data(16)", "#pragma nv_exec_check_disable", "#pragma nvcc something",
+                '#pragma GCC optimize("O3")', "#pragma clang loop unroll(full)", '_Pragma("GCC optimize(3)")'):
+        assert any("flag overrides" in r for r in hits(bad)), bad

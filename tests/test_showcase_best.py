@@ -18,7 +18,7 @@ def _module():
     return load_script("bench/showcase_best.py")
 
 
-@pytest.mark.parametrize("run", RUNS, ids=[r.parent.name for r in RUNS])
+@pytest.mark.parametrize("run", RUNS, ids=[r.name for r in RUNS])
 def test_best_json_is_the_run_records_and_up_to_date(run):
     from agent.run_view import METHOD_BENCH, METHOD_GATE, load_view
 
@@ -37,6 +37,8 @@ def test_best_json_is_the_run_records_and_up_to_date(run):
     table = mod.markdown(best)
     assert all(f"`{shape}`" in table for shape in best["shapes"]) and METHOD_GATE in table
     kept = run.parent / "best.json"
+    if run != max(p.parent for p in run.parent.glob("*/run.json")):
+        return  # an earlier run of the folder: its best was superseded; best.json is the latest run's
     assert json.loads(kept.read_text()) == json.loads(json.dumps(best)), (
         f"{kept} is stale: python bench/showcase_best.py {run.relative_to(ROOT)} -o {kept.relative_to(ROOT)}")
 

@@ -57,7 +57,7 @@ SOURCE_RULES: list[tuple[str, str]] = [
      "no code at load time and no embedded files"),
     (r"#\s*include\s*[<\"](/|[^>\"]*\.\./)",
      "includes must stay inside the task folder"),
-    (r"#\s*pragma\s+(GCC\s+(optimize|target|push_options|pop_options)|clang\b|optimize\b|nv_|nvcc\b)|\b_Pragma\s*\(",
+    (r"#\s*pragma\s+(GCC\s+(optimize|target|push_options|pop_options)|clang\b|optimize\b|nv_(?!diag)|nvcc\b)|\b_Pragma\s*\(",
      "no flag overrides: the manifest's flags are the build's flags"),
     (r"__attribute__\s*\(\([^;{]*?\b(optimize|target|target_clones|__optimize__|__target__)\b|\bgnu::(optimize|target|target_clones)\b",
      "no flag overrides: the manifest's flags are the build's flags"),

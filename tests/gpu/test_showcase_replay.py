@@ -19,7 +19,7 @@ def showcase_runs() -> list[Path]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("run_dir", showcase_runs(), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("run_dir", showcase_runs(), ids=lambda p: p.name)
 def test_showcase_run_replays_every_verdict(run_dir, tmp_path):
     runs = tmp_path / "runs"
     shutil.copytree(run_dir, runs / run_dir.name)
