@@ -215,13 +215,17 @@ class Gate:
     # -- stages ----------------------------------------------------------------------------------
     def out_of_scope(self, cand: Candidate) -> list[str]:
         """Changed paths the candidate may not touch (tools/scope.py: the same rule as the file tools')."""
+        return self.paths_out_of_scope(cand.changed, cand.task_dir)
+
+    def paths_out_of_scope(self, changed: list[str], task_dir: Path) -> list[str]:
+        """Of repo-relative `changed` paths, those outside the editable globs (or through a symlink)."""
         bad = []
         prefix = self.task_rel + "/" if self.task_rel not in ("", ".") else ""
-        for path in cand.changed:
+        for path in changed:
             rel = path[len(prefix):] if prefix and path.startswith(prefix) else (path if not prefix else None)
             if rel is None or change_refusal(self.task, rel, by_submit=True):
                 bad.append(path)
-            elif symlink_component(cand.task_dir, rel):
+            elif symlink_component(task_dir, rel):
                 bad.append(f"{path} (symlink)")
         return bad
 

@@ -419,7 +419,7 @@ class Session:
                    "judge; refused without an attempt. Edit an editable file, or pass knob settings (kloop submit "
                    "--knob NAME=VALUE; MCP: knobs=...)")
         else:
-            why = self.already_judged(patch, digest)
+            why = self.stray_files_refusal(changed) or self.already_judged(patch, digest)
         if why:
             if knobs:  # the knob settings written above go back to what they were
                 knobs_file.unlink(missing_ok=True) if knobs_before is None else knobs_file.write_bytes(knobs_before)
@@ -549,6 +549,24 @@ class Session:
             return code_digest(built.lib) if built.ok and built.lib else None
         except Exception:  # anything wrong with the build is the gate's to report
             return None
+
+    def stray_files_refusal(self, changed: list[str]) -> str | None:
+        """Why a change whose only scope fault is new files outside the editable globs (notes, an editor's
+        backup) is refused before the gate: judged, it would be rejected at scope and the worktree reverted,
+        losing the edit for a file that was never part of it. Edits to read-only files are judged (and
+        rejected, recorded): that is a change to what the gate trusts, not a stray file."""
+        outside = self.gate.paths_out_of_scope(changed, self.ws.task_path)
+        if not outside:
+            return None
+        added = {c.path for c in self.ws.changes(against=self.best_commit, paths=outside)
+                 if c.status == "A" and not c.is_symlink and not c.is_submodule}
+        if set(outside) - added:
+            return None
+        shown = ", ".join(sorted(added)[:8]) + (f" and {len(added) - 8} more" if len(added) > 8 else "")
+        globs = ", ".join(self.gate.task.manifest.editable)
+        return (f"new files outside the editable globs ({globs}): {shown}. The gate would reject the change at "
+                "scope and revert the worktree, so it is refused before any stage, without an attempt, and "
+                "nothing was reverted: delete or move those files out of the worktree, then submit again")
 
     def already_judged(self, patch: str, digest: str | None = None) -> str | None:
         """Why this change must not be timed again (None: it may be judged): an earlier attempt against

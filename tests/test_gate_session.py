@@ -166,6 +166,28 @@ def test_no_change_refused_without_an_attempt(session):
     assert session.ws.head() == head and session.attempts_made() == attempts
 
 
+def test_new_stray_files_are_refused_without_an_attempt_and_nothing_is_reverted(session):
+    """Notes and an editor's backup beside a real edit: judged, the change would be rejected at scope and
+    the edit reverted with them. Refused before the gate instead, the edit kept; an edit of a read-only
+    file is still the gate's to reject (and record)."""
+    head, attempts = session.ws.head(), session.attempts_made()
+    edit(session, "namespace {", "// a real edit\nnamespace {")
+    task = session.ws.task_path
+    (task / "notes.md").write_text("ideas\n")
+    (task / "matmul.cpp~").write_text("backup\n")
+    try:
+        with pytest.raises(SubmitRefused, match=r"new files outside the editable globs.*matmul.cpp~.*notes.md.*without an attempt"):
+            session.submit("Edit with notes beside it", "")
+        assert session.attempts_made() == attempts and session.ws.head() == head
+        assert "// a real edit" in kernel(session).read_text() and (task / "notes.md").is_file()
+        spec = task / "spec.py"
+        spec.write_text(spec.read_text() + "\n# edited\n")
+        assert session.stray_files_refusal(session.ws.changed_paths(against=session.best_commit)) is None
+    finally:
+        session.ws.restore(session.best_commit)
+    assert not (task / "notes.md").exists() and "// a real edit" not in kernel(session).read_text()
+
+
 def test_real_speedup_accepted_with_trailers(session):
     head = session.ws.head()
     v = submit_decided(session, "Loop order i-k-j", {"LOOP_ORDER": 1})
