@@ -88,7 +88,13 @@ def run_trials(gate: Gate, slot: StandbySlot, shape: str, path_a: str, path_b: s
                     "log_ratio": v.ab.shapes[0].log_speedup if v.ab and v.ab.shapes else float("nan"),
                     # per pass, each side's seconds per call: another statistic can be tried on the same draws
                     "pass_a": list(ab.shapes[0].pass_a) if ab.shapes else [],
-                    "pass_b": list(ab.shapes[0].pass_b) if ab.shapes else []})
+                    "pass_b": list(ab.shapes[0].pass_b) if ab.shapes else [],
+                    # each side's mean cold-probe call (CUDA: its events; CPU: its CPU time) and time per
+                    # timed call: what a like-for-like bound on untimed calls would compare on a GPU
+                    "probe_call_a": ab.shapes[0].probe_call_a if ab.shapes else None,
+                    "probe_call_b": ab.shapes[0].probe_call_b if ab.shapes else None,
+                    "time_a": ab.shapes[0].time_a if ab.shapes else None,
+                    "time_b": ab.shapes[0].time_b if ab.shapes else None})
         log(f"{label} trial {i + 1}/{n}: {'ACCEPT' if v.accepted else 'reject'} x{v.speedup:.4f} "
             f"[{v.speedup_lo:.4f}, {v.speedup_hi:.4f}] {ab.passes} passes {ab.pairs} pairs {ab.timing_seconds:.2f} s "
             f"({ab.stopped_because})")
