@@ -776,8 +776,8 @@ def _show_attempt(record, attempts, number: int, diff: bool, as_json: bool) -> N
 def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'."),
            runs_dir: Optional[Path] = typer.Option(None, help=RUNS_DIR_HELP),
            repo: Optional[Path] = typer.Option(None, help="Repository holding the run's base commit (default: as recorded)."),
-           gate_seconds: Optional[float] = typer.Option(None, "--gate-seconds", min=0.5, max=600,
-                                                        help="Timing cap per decision (default: each attempt's recorded one); longer decides on a noisier machine."),
+           gate_seconds: Optional[float] = typer.Option(None, "--gate-seconds", min=1, max=30,
+                                                        help="Timing cap per decision, 1 to 30, for every attempt (default: each attempt's recorded one); longer decides on a noisier machine."),
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Re-apply each recorded attempt from the recorded base, re-run the gate here, compare verdicts."""
     from agent.replay import replay as do_replay
@@ -785,9 +785,10 @@ def replay(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
 
     run_dir = resolve_run(run, runs_dir)
     report = do_replay(run_dir, repo=repo, gate_seconds=gate_seconds, on_row=None if as_json else
-                       (lambda r: err_console.print(f"  replayed #{r.attempt}: {'accepted' if r.replayed_accepted else 'rejected'}", highlight=False)))
+                       (lambda r: err_console.print(f"  replayed #{r.attempt}: " + ("accepted" if r.replayed_accepted else
+                                                    "undecided here" if r.replayed_undecided else "rejected"), highlight=False)))
     if as_json:
-        emit_json(report.model_dump(mode="json") | {"ok": report.ok, "counts": report.counts()})
+        emit_json(report.model_dump(mode="json") | {"ok": report.ok, "contradicted": report.contradicted, "counts": report.counts()})
     else:
         table = Table(title=f"replay of {report.run_id}", title_justify="left")
         for col in ("#", "title", "recorded", "replayed", "agree", "replayed reason"):
@@ -969,7 +970,10 @@ def report(run: str = typer.Argument("last", help="Run id, run folder, or 'last'
     except RecordError as exc:
         fail(str(exc))
     out = output or view.dir / "report.html"
-    out.write_text(render_report(view), encoding="utf-8")
+    try:
+        out.write_text(render_report(view), encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror or exc}; pass -o FILE to write the report elsewhere")
     console.print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; {len(view.attempts)} attempt{'s' * (len(view.attempts) != 1)}); open it in a browser", highlight=False)
 
 

@@ -477,7 +477,7 @@ class Session:
                     self.gate.write_knobs(self.ws.task_path, knobs)
                 patch = self.ws.diff(against=best)
                 changed = self.ws.changed_paths(against=best)
-                if why := self.already_judged(patch):
+                if why := self.stray_files_refusal(changed) or self.already_judged(patch):
                     out[i] = why
                     self.log("note", text=f"submit refused without timing: {why}", data={"refused": item["title"][:200]})
                 else:
@@ -558,8 +558,9 @@ class Session:
         outside = self.gate.paths_out_of_scope(changed, self.ws.task_path)
         if not outside:
             return None
-        added = {c.path for c in self.ws.changes(against=self.best_commit, paths=outside)
-                 if c.status == "A" and not c.is_symlink and not c.is_submodule}
+        wanted = set(outside)  # filtered here, not passed to git: a path is data, never a pathspec
+        added = {c.path for c in self.ws.changes(against=self.best_commit)
+                 if c.path in wanted and c.status == "A" and not c.is_symlink and not c.is_submodule}
         if set(outside) - added:
             return None
         shown = ", ".join(sorted(added)[:8]) + (f" and {len(added) - 8} more" if len(added) > 8 else "")

@@ -26,7 +26,7 @@ session_app = typer.Typer(add_completion=False, no_args_is_help=True,
                           help="Sessions driven from the shell: start, resume, end (the tools are top-level commands).")
 
 RUN_OPT = typer.Option(None, "--run", help="Run id, run folder or 'last' (default: the session of the worktree you are in).")
-RUNS_DIR_OPT = typer.Option(None, "--runs-dir", help="Runs folder (default: $KLOOP_RUNS, else the one holding the session worktree you are in, else .kloop/runs of the task's git repository).")
+RUNS_DIR_OPT = typer.Option(None, "--runs-dir", help="Runs folder (default: $KLOOP_RUNS, else the one holding the session worktree you are in, else .kloop/runs of the task's git repository (of the current folder's, for a shipped task or no task), else ~/.kloop/runs).")
 REPO_OPT = typer.Option(None, "--repo", help="The repository holding the session branch, when the run moved machines.")
 JSON_OPT = typer.Option(False, "--json", help="Print the result as JSON.")
 KNOB_OPT = typer.Option(None, "--knob", "-k", help="NAME=VALUE, repeatable.")
@@ -322,6 +322,11 @@ def mcp_cmd(
         return
     if target is None:
         cli.fail("name a task (new session) or a run (resume it); see --print-config")
+    try:  # the MCP SDK, loaded only to serve, and before any session is started or attached
+        from agent import mcp_server
+    except ImportError as exc:
+        cli.fail(f"kloop mcp needs the MCP SDK, which does not import here ({exc}): pip install mcp "
+                 "(kloop's own dependency), or drive the session from the shell: kloop session start --help")
     if run_dir is not None:
         service = attach(str(run_dir), runs_dir, repo=repo, announce=True)
         service.write_agent_files()
@@ -343,8 +348,6 @@ def mcp_cmd(
     info = service.session.record.info
     cli._print_sandbox((service.session.sandbox.as_dict() if service.session.sandbox else None) or info.sandbox)
     cli.err_console.print(f"kloop mcp: run {info.run_id}, worktree {service.session.ws.path}", highlight=False)
-    from agent import mcp_server  # the MCP SDK, loaded only to serve
-
     reason = "mcp server stopped"
     try:
         if http:

@@ -152,16 +152,20 @@ def test_an_accept_undecided_on_a_noisy_replay_is_unconfirmed_not_flipped():
     assert slower.flipped and not slower.unconfirmed
     assert ReplayReport(run_id="r", recorded_machine="m", rows=[slower]).contradicted
     # a rejection undecided here was never a claim of a gain: it agrees with a recorded rejection
-    assert not noisy.model_copy(update={"recorded_accepted": False, "recorded_reason": "not measurably faster"}).unconfirmed
+    rejected = noisy.model_copy(update={"recorded_accepted": False, "recorded_reason": "not measurably faster"})
+    assert rejected.agrees and not rejected.flipped and ReplayReport(run_id="r", recorded_machine="m", rows=[rejected]).ok
 
 
 def test_replay_passes_its_gate_seconds_over_the_recorded_ones():
     from agent.policies.replay import RecordedAttempt, ReplayPolicy
+    from tools.agent_tools import SubmitInput
 
     seen = []
 
-    class Box:
+    class Box:  # the submit tool's own input model: an argument it would refuse fails here too
         def call(self, name, args):
+            if name == "submit":
+                SubmitInput(**args)
             seen.append((name, args))
             return SimpleNamespace(ok=True, data={"accepted": True, "stage": "accepted"}, text="")
 
@@ -173,6 +177,9 @@ def test_replay_passes_its_gate_seconds_over_the_recorded_ones():
     seen.clear()
     ReplayPolicy(attempts, gate_seconds=8.0).run(ctx)
     assert [a.get("gate_seconds") for n, a in seen if n == "submit"] == [8.0, 8.0]
+    # the command's bounds are the submit tool's: a cap it would refuse is a usage error, not a "flip"
+    res = CliRunner().invoke(app, ["replay", "last", "--gate-seconds", "60"])
+    assert res.exit_code == 2 and "--gate-seconds" in res.output
 
 
 def test_bad_task_bad_spec_and_bad_run_are_one_paragraph(tmp_path):

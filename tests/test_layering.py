@@ -84,3 +84,17 @@ def test_sessions_and_client_configs_need_no_mcp_sdk():
     assert res.returncode == 0, res.stderr
     served = {m for m in imported(ROOT / "agent" / "mcp_config.py") if m.split(".")[0] in ("mcp", "mcp_types")}
     assert not served
+
+
+def test_kloop_mcp_without_the_sdk_fails_before_any_session_exists(tmp_path):
+    """Serving needs the SDK: without it `kloop mcp TASK` says so and starts nothing (no run, no worktree)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['mcp'] = sys.modules['mcp_types'] = None\n"
+            "from agent.cli import main\n"
+            f"sys.argv = ['kloop', 'mcp', 'matmul_cpu', '--runs-dir', {str(tmp_path / 'runs')!r}]\n"
+            "main()\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "needs the MCP SDK" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "runs").exists()

@@ -177,7 +177,7 @@ def audit_build(build_dir: Path, target: str, *, sources: list[str], allowed_sym
         pre = build_dir / "obj" / f"{src}.i"
         if not pre.is_file():
             raise AuditError(f"{pre}: the preprocessed source is missing")
-        findings += preprocessed_findings(pre.read_text(errors="replace"), src_dir, [*source_rules(threads), *extra_rules])
+        findings += preprocessed_findings(pre.read_text(errors="replace"), src_dir, [*source_rules(threads, target), *extra_rules])
     return AuditReport(ok=not findings, findings=_dedup(findings), objects=objects, headers=deps[1])
 
 

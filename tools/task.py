@@ -471,9 +471,12 @@ def _format_validation_error(path: Path, exc: ValidationError, data: Any = None)
         elif err["type"] == "missing":
             msg = "required field is missing"
             shown = ""
-        elif err["type"] == "value_error":  # our own validators: the message names the value already
+        elif err["type"] == "value_error":
+            # our own validators' words without pydantic's prefix; the value only where it is a scalar the
+            # message does not already name (never a whole table)
             msg = str(err.get("ctx", {}).get("error", msg.removeprefix("Value error, ")))
-            shown = ""
+            if isinstance(value, (dict, list)) or repr(value) in msg:
+                shown = ""
         lines.append(f"  field {loc}: {msg}" + (f" (got {shown})" if shown else ""))
     return "\n".join(lines)
 
