@@ -94,7 +94,7 @@ def test_manifest_errors_name_the_field(tmp_path):
     shutil.copytree(RMS, t)
     text = (t / "task.toml").read_text()
     (t / "task.toml").write_text(text.replace('hidden = "i32"', 'hidden = "int"'))
-    with pytest.raises(TaskError, match=r"triton.kernels.0.signature.*'int' is not one of"):
+    with pytest.raises(TaskError, match=r'triton.kernels\[0\] "add_rmsnorm".signature.*.int. is not one of'):
         load_task(t)
     (t / "task.toml").write_text(text.replace('num_warps = "NUM_WARPS"', 'num_warps = "WARPS"'))
     with pytest.raises(TaskError, match="neither an int nor a knob name"):
