@@ -396,8 +396,9 @@ class Session:
     def submit(self, title: str, rationale: str = "", knobs: dict[str, Any] | None = None,
                gate_seconds: float | None = None) -> Verdict:
         """Judge the worktree against the best. `gate_seconds`: this decision's timing cap (recorded in
-        the attempt). SubmitRefused (nothing recorded, no attempt spent) for no change at all, and for the
-        identical change the gate already found not faster, or slower, against this same best."""
+        the attempt). SubmitRefused (nothing recorded, no attempt spent) for no change at all, for a change
+        whose only out-of-scope paths are new files (kept, with the edit), and for the identical change the
+        gate already found not faster, or slower, against this same best."""
         if self.best_build is None:
             self.establish_baseline()
         number = self.attempts_made() + 1
