@@ -331,3 +331,72 @@ def test_bad_input_never_raises(bindir):
     assert P.profile_command([], None).status == "error"
     r = P.profile_command(["true"], "(", env=_env(bindir))
     assert r.status == "error" and "regular expression" in r.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# kloop profile's path: ncu, the judge and its runners in the judge's sandbox, the profiler's
+# injection variables carried to the runners (without them ncu saw no kernel: 2026-12-07, H200)
+# ---------------------------------------------------------------------------------------------
+
+PROFILED_JUDGE = """
+import json, os, sys
+from tools.runner import runner_env
+env = runner_env()
+seen = {"injection": env.get("CUDA_INJECTION64_PATH"), "outside_visible": os.path.exists(sys.argv[1]),
+        "lockdown": "KLOOP_LOCKDOWN" in env, "key": any(sys.argv[2] in v for v in env.values()),
+        "key_here": any(sys.argv[2] in v for v in os.environ.values())}
+open(os.path.join(sys.argv[3], "seen.json"), "w").write(json.dumps(seen))
+"""
+
+
+def test_profiled_judge_is_sandboxed_and_its_runners_inherit_the_profiler(bindir, tmp_path, monkeypatch):
+    from tools import sandbox
+    from tools.judge_handle import profiled_judge_command
+
+    key = "sk-ant-kloop-test-" + "0123456789abcdef" * 3
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    (bindir / "sample.txt").write_text(NCU_RAW_TRANSPOSE_AXPY)
+    outside = tmp_path / "outside.txt"  # a file of the host's that the sandbox must not show
+    outside.write_text("host file")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    _script(bindir / "nvidia-smi", SMI_OK)
+    # the stand-in does what ncu does: injects itself through an environment variable, runs the command
+    # (from the Python executable on), prints its CSV
+    _script(bindir / "ncu",
+            "import subprocess\n"
+            f"cmd = sys.argv[sys.argv.index({sys.executable!r}):]\n"
+            "subprocess.run(cmd, env=dict(os.environ, CUDA_INJECTION64_PATH='/stand-in/libinj.so'), check=True)\n"
+            f"sys.stdout.write(open({str(bindir / 'sample.txt')!r}).read())")
+    cmd = [sys.executable, "-c", PROFILED_JUDGE, str(outside), key, str(scratch)]
+    r = P.profile_command(cmd, "tr|ax", env=_env(bindir),
+                          wrap=lambda argv: profiled_judge_command(argv, scratch=scratch, readable=[bindir]))
+    assert r.ok, (r.reason, r.output_tail)
+    seen = __import__("json").loads((scratch / "seen.json").read_text())
+    assert seen["injection"] == "/stand-in/libinj.so"  # the runner would be profiled
+    assert not seen["lockdown"]  # the injection talks over sockets: no syscall filter under the profiler
+    assert not seen["key"] and not seen["key_here"]  # the environment is still the minimal one
+    if sandbox.status().namespaces:
+        assert r.command[0].endswith("bwrap") and "--unshare-net" in r.command
+        assert not seen["outside_visible"]
+
+
+def test_runner_env_drops_the_profilers_variables_when_not_profiled(monkeypatch):
+    from tools.runner import runner_env
+    from tools.sandbox import PROFILER_VAR
+
+    monkeypatch.setenv("CUDA_INJECTION64_PATH", "/stand-in/libinj.so")
+    monkeypatch.delenv(PROFILER_VAR, raising=False)
+    assert "CUDA_INJECTION64_PATH" not in runner_env()
+    monkeypatch.setenv(PROFILER_VAR, "1")
+    env = runner_env()
+    assert env["CUDA_INJECTION64_PATH"] == "/stand-in/libinj.so" and PROFILER_VAR not in env
+
+
+def test_ncu_install_dirs_are_what_exists(tmp_path, monkeypatch):
+    toolkit = tmp_path / "cuda-13.0"
+    (toolkit / "bin").mkdir(parents=True)
+    ncu = _script(toolkit / "bin" / "ncu", "sys.exit(0)")
+    monkeypatch.setattr(P, "NCU_INSTALL_ROOTS", (tmp_path / "opt-nvidia", tmp_path / "missing"))
+    (tmp_path / "opt-nvidia").mkdir()
+    assert P.ncu_install_dirs(str(ncu)) == [toolkit, tmp_path / "opt-nvidia"]

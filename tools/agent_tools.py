@@ -206,9 +206,9 @@ def profile_tool(ctx: SessionPort, args: ProfileInput) -> ToolResult:
     import sys
     import tempfile
 
-    from tools.profile import format_profile, profile_command
+    from tools.judge_handle import profiled_judge_command
+    from tools.profile import format_profile, ncu_install_dirs, profile_command
     from tools.protocol import WorkerRequest
-    from tools.sandbox import scrubbed_env
 
     task = ctx.task
     if not task.on_gpu:
@@ -223,8 +223,13 @@ def profile_tool(ctx: SessionPort, args: ProfileInput) -> ToolResult:
         req = WorkerRequest(kind="bench", task_dir=str(ctx.trusted_dir), libs=[result.lib], shapes=[shape],
                             comparators=False, max_seconds=0.0)
         Path(tmp, "req.json").write_text(req.model_dump_json())
+        # ncu, the judge and its runners in the sandbox every judge runs in: the candidate's library is
+        # untrusted here as at the gate
+        readable = [Path(ctx.trusted_dir), Path(result.lib).resolve().parent]
         prof = profile_command([sys.executable, "-m", "tools.worker", str(Path(tmp, "req.json")), str(Path(tmp, "res.json"))],
-                               kernel_regex=regex, env=scrubbed_env(), cwd=tmp, timeout=300)
+                               kernel_regex=regex, cwd=tmp, timeout=300,
+                               wrap=lambda argv: profiled_judge_command(argv, scratch=Path(tmp),
+                                                                        readable=readable + ncu_install_dirs(argv[0])))
     return ToolResult(ok=prof.ok, text=format_profile(prof), data=prof.model_dump(mode="json"))
 
 

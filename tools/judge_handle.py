@@ -28,13 +28,13 @@ from tools.proc import exit_status, kill_group, memory_note, tail
 from tools.protocol import WorkerRequest, WorkerResult
 from tools.runner import ARENA_PREFIX
 from tools.worker import LOAD_TIMEOUT_S, LOADED_FILE
-from tools.sandbox import LOCKDOWN_VAR, RUNNER_PIDNS_VAR, keep_secrets_in, scrubbed_env, status, wrap
+from tools.sandbox import LOCKDOWN_VAR, PROFILER_VAR, RUNNER_PIDNS_VAR, keep_secrets_in, scrubbed_env, status, wrap
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def runner_command(cmd: list[str], *, scratch: Path, readable: list[Path] = (), writable: list[Path] = (),
-                   lockdown: bool = True) -> tuple[list[str], dict[str, str]]:
+                   lockdown: bool = True, extra_env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, env) for a runner process running `cmd`: inside the sandbox where the host has one,
     reading only kloop's tools/, the toolchain and `readable`, writing only `scratch` and `writable`
     (e.g. a per-evaluation /dev/shm folder); `lockdown` asks the runner to install the seccomp filter
@@ -42,11 +42,20 @@ def runner_command(cmd: list[str], *, scratch: Path, readable: list[Path] = (), 
     extra = {LOCKDOWN_VAR: "1"} if lockdown and status().seccomp else {}
     if status().runner_pidns:  # the judge starts each of its runners in a PID namespace of its own
         extra[RUNNER_PIDNS_VAR] = "1"
-    env = scrubbed_env(home=scratch) | extra
+    env = scrubbed_env(home=scratch) | extra | (extra_env or {})
     gpu = any(Path("/dev").glob("nvidia*"))
     argv = wrap(cmd, readable=[PROJECT_ROOT / "tools", *readable], writable=[scratch, *writable], gpu=gpu,
                 cwd=scratch, env=env, cap_add=status().judge_caps if status().runner_pidns else ())
     return argv, env
+
+
+def profiled_judge_command(ncu_argv: list[str], *, scratch: Path, readable: list[Path] = ()) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) for a profiler (`ncu ... python -m tools.worker ...`) and the judge it starts, inside the
+    same sandbox as every judge (namespaces, filesystem view, minimal environment): the candidate's
+    library loads in a runner there, as it does for the gate. No syscall filter (the profiler's
+    injection talks to its process over sockets), and PROFILER_VAR so the runners inherit the
+    profiler's injection variables (tools/runner.runner_env)."""
+    return runner_command(ncu_argv, scratch=scratch, readable=readable, lockdown=False, extra_env={PROFILER_VAR: "1"})
 
 
 SCRATCH_PREFIX = "kloop-worker-"

@@ -27,7 +27,8 @@ import os
 import re
 import statistics
 import subprocess
-from typing import Literal, Mapping, Sequence
+from pathlib import Path
+from typing import Callable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -361,6 +362,18 @@ def find_ncu(env: Mapping[str, str] | None = None) -> str | None:
     return find_program("ncu", {"PATH": "", **e}, cuda_dirs=NCU_FALLBACK_DIRS)
 
 
+# where the ncu launcher looks for its Nsight Compute install besides the toolkit's own folder (bin/..)
+NCU_INSTALL_ROOTS: tuple[Path, ...] = (Path("/opt/nvidia"),)
+
+
+def ncu_install_dirs(ncu: str) -> list[Path]:
+    """What ncu reads besides the system: the toolkit it sits in (bin/..) and /opt/nvidia, where they
+    exist. A sandbox around ncu must let it read these (on the H100/H200 machines Nsight Compute lives
+    under /opt/nvidia, outside the toolkit)."""
+    dirs = [Path(ncu).resolve().parent.parent, *NCU_INSTALL_ROOTS]
+    return [d for d in dirs if d.is_dir()]
+
+
 def gpu_unavailable_reason(env: Mapping[str, str] | None = None, timeout: float = 30) -> str | None:
     """Why no GPU can be profiled here (None when `nvidia-smi -L` lists at least one GPU)."""
     e = os.environ if env is None else env
@@ -424,13 +437,16 @@ def profile_command(
     cwd: str | os.PathLike | None = None,
     check_gpu: bool = True,
     kernel_name_base: Literal["function", "demangled", "mangled"] | None = None,
+    wrap: Callable[[list[str]], tuple[list[str], dict[str, str]]] | None = None,
 ) -> ProfileResult:
     """Profile the kernels `cmd` launches that match `kernel_regex` (a Python-compatible regex).
 
     The regex is matched against the function name (no parameters, e.g. 'softmax_kernel'), or
     against mangled names when it is a '|'-list of `_Z...` names; `kernel_name_base` overrides.
 
-    `env` is the whole environment of the run (default: this process's). At most `launch_count`
+    `env` is the whole environment of the run (default: this process's); `wrap`, when given, turns the
+    whole ncu command into the (argv, env) actually run (a sandbox around ncu and what it profiles,
+    tools/judge_handle.profiled_judge_command). At most `launch_count`
     launches are profiled, after skipping `launch_skip` matching ones. Never raises: a missing
     ncu/GPU/permission gives status "unavailable", anything else that fails gives "error".
     """
@@ -452,6 +468,8 @@ def profile_command(
             return ProfileResult.unavailable(why, command=cmd)
     metrics = list(METRICS) + [m for m in extra_metrics if m not in METRICS]
     argv = ncu_command(ncu, cmd, kernel_regex, launch_count, launch_skip, metrics, kernel_name_base)
+    if wrap is not None:
+        argv, run_env = wrap(argv)
     try:
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",

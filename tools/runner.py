@@ -29,7 +29,7 @@ import weakref
 from pathlib import Path
 
 from tools.proc import exit_status, memory_note, tail
-from tools.sandbox import LOCKDOWN_VAR, PIDNS_DEPTH, runner_pidns_argv, runner_pidns_requested, scrubbed_env
+from tools.sandbox import LOCKDOWN_VAR, PIDNS_DEPTH, PROFILER_VAR, RUNNER_PIDNS_VAR, runner_pidns_argv, runner_pidns_requested, scrubbed_env
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ARENA_PREFIX = "kloop-arena-"  # /dev/shm folders of a judge's SharedArena, named after its pid
@@ -90,7 +90,13 @@ def _dies_with_parent() -> None:
 
 
 def runner_env() -> dict[str, str]:
-    """A minimal environment: no secrets, nothing of the session's beyond what Python and CUDA need."""
+    """A minimal environment: no secrets, nothing of the session's beyond what Python and CUDA need.
+    Under a profiler (PROFILER_VAR, set only by trusted code: tools/judge_handle.profiled_judge_command)
+    the judge's own environment, which was built minimal and holds only the profiler's additions beyond."""
+    if os.environ.get(PROFILER_VAR) == "1":
+        env = {k: v for k, v in os.environ.items() if k not in (LOCKDOWN_VAR, PROFILER_VAR, RUNNER_PIDNS_VAR)}
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        return env
     keep = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "HOME", "TMPDIR", LOCKDOWN_VAR)
     # (RUNNER_PIDNS_VAR stays with the judge: spawn_runner reads it there, a runner starts nothing)
     env = {k: v for k, v in scrubbed_env().items() if k in keep or k in ("PYTHONPATH", "PYTHONUNBUFFERED")}

@@ -40,6 +40,10 @@ LOCKDOWN_VAR = "KLOOP_LOCKDOWN"  # "1" in a runner's environment: call lockdown(
 # "1" in the judge's environment: start every runner in a PID namespace of its own (runner_pidns_argv);
 # "off" in the session's: do not (status() says why)
 RUNNER_PIDNS_VAR = "KLOOP_RUNNER_PIDNS"
+# "1" in the judge's environment: it runs under a profiler (ncu) that injects itself through environment
+# variables; its runners then inherit the judge's whole environment (already minimal: the profiler's
+# variables are the only additions), or the kernels they launch are never seen (`kloop profile`)
+PROFILER_VAR = "KLOOP_UNDER_PROFILER"
 # variables a child may inherit (values from this process); everything else is dropped
 INHERITED = (
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME", "CUDA_PATH", "CUDA_MODULE_LOADING",
