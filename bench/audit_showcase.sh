@@ -7,6 +7,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp}
 rc=0
+# the carried wheels (.whl) and the sandbox's packages where the machine lacks them
+source bench/device_provision.sh > "${out:-/tmp}/provision.txt" 2>&1
 for run_dir in runs/showcase/*/*/; do
   run_dir=${run_dir%/}
   [ -f "$run_dir/run.json" ] || continue
