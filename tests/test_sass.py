@@ -364,3 +364,12 @@ def test_real_mix_format_and_excerpt(built):
     excerpt = sass_excerpt(lib, "vec4", r"LDG", context=2)
     assert "1 matches of /LDG/, 1 shown" in excerpt.splitlines()[0]
     assert "> /*" in excerpt and "LDG.E.128" in excerpt
+
+
+def test_cp_async_is_not_counted_as_tma():
+    """A Triton kernel pipelined with cp.async (LDGSTS) once read "tma 48" in the mix: the families
+    keep Hopper's tensor memory accelerator and the per-thread async copy apart."""
+    from tools.sass import family_of
+
+    assert family_of("LDGSTS") == "cp.async" and family_of("LDGDEPBAR") == "sync"
+    assert family_of("UTMALDG") == "tma" and family_of("UBLKCP") == "tma"

@@ -164,7 +164,9 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "shared": ("LDS", "STS", "LDSM", "STSM", "ATOMS"),
     "local": ("LDL", "STL"),
     "tma": ("UTMALDG", "UTMASTG", "UTMAREDG", "UTMAPF", "UTMACCTL", "UTMACMDFLUSH", "UBLKCP", "UBLKRED",
-            "UBLKPF", "LDGSTS"),
+            "UBLKPF"),
+    # Ampere's per-thread async copy (cp.async), not the TMA: told apart so a mix can show which one
+    "cp.async": ("LDGSTS",),
     "sync": ("BAR", "SYNCS", "MEMBAR", "DEPBAR", "LDGDEPBAR", "ARRIVES", "FENCE", "ERRBAR", "WARPSYNC",
              "CCTL", "UCGABAR_ARV", "UCGABAR_WAIT", "UCGABAR_GET", "UCGABAR_SET", "NANOSLEEP",
              "USETMAXREG"),
