@@ -43,3 +43,19 @@ def test_a_tool_failure_is_not_bad_input():
     r = _box().call("crash", {"value": 1})
     assert not r.ok and not r.bad_input and "RuntimeError: disk on fire" in r.text
     assert _box().call("set_knob", {"value": 16}).ok
+
+
+def test_a_whitespace_title_is_refused_before_the_gate_runs():
+    """Hypothesis found it (2026-12-07): a title of 3+ whitespace characters passed the length check, the
+    gate judged the change, and only the commit message then failed ("commit title is empty")."""
+    from tools.agent_tools import SubmitInput
+
+    def submit(ctx, args: SubmitInput) -> ToolResult:
+        raise AssertionError("the gate ran")
+
+    box = ToolBox(context=None)
+    box.add(Tool("submit", "", SubmitInput, submit))
+    for title in ("\r\r\r", "   ", " a \n "):
+        r = box.call("submit", {"title": title})
+        assert not r.ok and r.bad_input and "title" in r.text and "visible characters" in r.text, r.text
+    assert SubmitInput(title=" tile 64 ").title == " tile 64 "  # a real title is kept as given

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tools.base import Tool, ToolBox, ToolInput, ToolResult
 from tools.build import build, format_build
@@ -250,6 +250,14 @@ class SubmitInput(ToolInput):
     gate_seconds: float | None = Field(default=None, ge=1, le=30, description=(
         "Timing seconds for this decision (1 to 30; default: the session's). Use it when a verdict was "
         "'undecided (noisy machine)': its reason says how many seconds would decide."))
+
+    @field_validator("title")
+    @classmethod
+    def _title_has_words(cls, title: str) -> str:
+        # refused here, before the gate runs: a title that is only whitespace cannot become a commit title
+        if len(" ".join(title.split())) < 3:
+            raise ValueError(f"the title {title!r} has fewer than 3 visible characters: say in one line what changed")
+        return title
 
 
 def submit_tool(ctx: SessionPort, args: SubmitInput) -> ToolResult:
