@@ -314,3 +314,29 @@ def test_kloop_eval_of_a_triton_task_without_a_gpu(shipped, monkeypatch):
     assert data["build"]["kernels"][0]["registers"] > 0
     assert "add_rmsnorm" in data["sass"] or "not found" in (data["sass_error"] or "")
     assert "no CUDA GPU" in data["check_error"]
+
+
+def test_in_kernel_tensor_descriptors_build_to_tma_loads(tmp_path):
+    """The Triton showcase's v2 (K and V through `tl.make_tensor_descriptor`, Triton's way to Hopper's TMA
+    from inside a kernel) passes the static rules and the audit, loads through the TMA in SASS (no cp.async
+    left), and asks for the global scratch its descriptors are made in, which the bundle carries to the
+    runner's launcher (tools/triton_launch.py sizes and zeroes it per launch)."""
+    from tools.audit import audit_task_build
+    from tools.evaluate import sass_summary
+    from tools.triton_build import load_bundle
+
+    src = tmp_path / "task"
+    shutil.copytree(FA, src)
+    shutil.copy(ROOT / "runs" / "showcase" / "flash_attn_fwd_triton" / "exploration" / "attn_v2.py", src / "flash_attn_fwd.py")
+    task = load_task(FA)
+    res = build(task, {"BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 8, "NUM_STAGES": 3}, src_root=src,
+                cache_dir=tmp_path / "cache")
+    assert res.ok, res.error_text()
+    assert audit_task_build(task, Path(res.build_dir)).ok
+    assert all(r["global_scratch_size"] > 0 for r in load_bundle(res.lib)["kernels"])
+    mix, err = sass_summary(task, res.lib)
+    if err and "not found" in err:
+        pytest.skip(err)
+    assert err is None
+    for name, m in mix.items():
+        assert m["families"].get("tma") and not m["families"].get("cp.async"), (name, m["families"])
