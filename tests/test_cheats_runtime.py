@@ -67,10 +67,11 @@ if mode == "interleave":  # one call of each in turn: a load that comes and goes
         t = time.perf_counter(); call(x, a, b, c); tx.append(time.perf_counter() - t)
         t = time.perf_counter(); call(h, a, b, c); th.append(time.perf_counter() - t)
     out["t_cheat_interleaved"], out["t_honest_interleaved"] = min(tx[-20:]), min(th[-20:])
-try:
-    out["found"] = x.kloop_cheat_found()
-except AttributeError:
-    pass
+for key, probe in (("found", "kloop_cheat_found"), ("patched", "kloop_cheat_patched")):
+    try:
+        out[key] = getattr(x, probe)()
+    except AttributeError:
+        pass
 print(json.dumps(out))
 """
 
@@ -93,9 +94,11 @@ def faster(r: dict, factor: float = 3.0) -> bool:
 CASES = {
     "rt_cache_pointer": (faster, ("check",), ["wrong results", "call 1"]),
     "rt_cache_content": (faster, ("timing", "undecided"), []),  # the cache never hits: no gain left
-    # the best, patched, does its work twice: timed in turn with the cheat, so a CI neighbour's load that
-    # comes and goes cannot make the two look alike (timed one after the other they once read 8.1 and 8.3 ms)
-    "rt_patch_other": (lambda r: r["ok"] and r["t_honest_interleaved"] > 1.5 * r["t_cheat_interleaved"],
+    # the best, patched, does its work twice: the cheat says it patched it, and timed in turn with the cheat
+    # (a CI neighbour's load that comes and goes slows both alike; one after the other they once read 8.1
+    # and 8.3 ms) the best reads slower. Not by a fixed factor: the patched copy is the cheat's own loop,
+    # and under CI load the pair read 6.9 vs 4.6 ms (x1.49), below the x1.5 once asked here
+    "rt_patch_other": (lambda r: r["ok"] and r.get("patched") == 1 and r["t_honest_interleaved"] > 1.1 * r["t_cheat_interleaved"],
                        ("timing", "undecided"), []),
     "rt_pyapi": (faster, ("timing", "undecided"), []),
     "rt_input_scratch": (lambda r: r["ok"] and r["inputs_same"], ("check",), ["modified its inputs"]),
