@@ -74,10 +74,16 @@ class GateConfig(BaseModel):
     # spread of samples within one runner shows; 5% still leaves 10% hidden work caught
     escape_trail_rel_floor: float = 0.05
     escape_trail_abs_floor_s: float = 2e-6  # per sample
-    # a cold probe's own call, which no sample charges (CPU tasks): the candidate's mean over its probes
-    # may reach this many times the best's, plus one of the best's timed calls. Beyond, the probes do
-    # work of their own (a red-team kernel spun 40 ms in every second probe, unflagged): the window is
-    # closed to about a call. CUDA's probes report their event time too; their bound waits for a GPU run
+    # the judge's own clock around each timed request beyond the times the runner reported (CUDA C++ tasks,
+    # whose host code could make the runner's events lie): the candidate's lower quartile per call may differ
+    # from the best's, either way, by a few robust standard errors of the best's plus a floor. More: its
+    # events under-report; less: its runner skipped work every runner does in a request (the flush, the spin)
+    offclock_rel_floor: float = 0.02
+    offclock_abs_floor_s: float = 2e-6  # per sample
+    # a cold probe's own call, which no sample charges: the candidate's mean over its probes may reach
+    # this many times the best's, plus one of the best's timed calls. Beyond, the probes do work of their
+    # own (a red-team kernel spun 40 ms in every second probe, unflagged): the window is closed to about a
+    # call. CPU: the runner's CPU over the call; CUDA: the call's events
     untimed_call_factor: float = 1.5
     # CPU after answering, over every timed call (an honest runner sits blocked on its pipe)
     after_return_abs_s: float = 30e-6
@@ -594,7 +600,7 @@ class Gate:
                 f"of which after return {fmt_us(s.after_return_b)} vs {fmt_us(s.after_return_a)} "
                 f"(timed {fmt_us(s.time_b)} vs {fmt_us(s.time_a)}; wall until idle {fmt_us(s.wall_b)} vs {fmt_us(s.wall_a)}; "
                 f"{s.probes} cold probes each)" for s in escaped)
-        untimed = [s for s in ab.shapes if not self.task.on_gpu and _finite(s.probe_call_a) and _finite(s.probe_call_b)
+        untimed = [s for s in ab.shapes if _finite(s.probe_call_a) and _finite(s.probe_call_b)
                    and s.probe_call_b > self.untimed_call_allowance(s)]
         if untimed:
             return "timing", "work in untimed calls (the cold probes, which no sample charges): " + "; ".join(
@@ -616,6 +622,22 @@ class Gate:
                     f"clock; allowed {fmt_us(self.trail_allowance(s))} more: {self.config.escape_sigmas:g} x sqrt 2 x the "
                     f"best's spread {fmt_us(s.trail_a_se)}, floor {self.config.escape_trail_rel_floor:.0%} of its time "
                     f"{fmt_us(s.time_a)})" for s in trailed)
+            if self.task.target == "cuda":  # a Triton task's launch is ours: no candidate host code can touch the events
+                unclocked = [s for s in ab.shapes if s.offclock_a is not None
+                             and not (_finite(s.offclock_a) and _finite(s.offclock_b) and _finite(s.offclock_a_se))]
+                if unclocked:
+                    return "timing", ("the judge's clock around the timed requests not measured (cannot rule out "
+                                      "under-reported times) on " + ", ".join(s.shape for s in unclocked))
+                offclock = [s for s in ab.shapes if s.offclock_a is not None
+                            and abs(s.offclock_b - s.offclock_a) > self.offclock_allowance(s)]
+                if offclock:
+                    return "timing", "timing integrity (the runner's reported times disagree with the judge's clock): " + "; ".join(
+                        f"{s.shape}: each timed request took {fmt_us(s.offclock_b)} per call beyond the times the candidate's "
+                        f"runner reported vs {fmt_us(s.offclock_a)} for the best's (lower quartile of {s.trail_samples} timed "
+                        f"samples each; allowed {fmt_us(self.offclock_allowance(s))} apart either way: "
+                        f"{self.config.escape_sigmas:g} x sqrt 2 x the best's spread {fmt_us(s.offclock_a_se)}, floor "
+                        f"{self.config.offclock_rel_floor:.0%} of its time {fmt_us(s.time_a)}). More: times under-reported; "
+                        f"less: the runner skipped work every request does (the cache flush)" for s in offclock)
         if self._speedup_not_finite(ab):
             return "undecided", (
                 f"{UNDECIDED}: the speedup is not finite and positive. To decide: re-submit the same change with a longer "
@@ -717,6 +739,14 @@ class Gate:
         factor = self.config.untimed_call_factor
         own = s.time_b / s.time_a if _finite(s.time_b) and s.time_a > 0 and s.time_b > s.time_a else 1.0
         return (factor * s.probe_call_a + s.time_a) * own
+
+    def offclock_allowance(self, s) -> float:
+        """Seconds per call the candidate's judge-clock time beyond its reported times may differ from the best's:
+        as `trail_allowance`, from the spread of the best's own requests over every timed sample, plus a floor."""
+        cfg = self.config
+        se = s.offclock_a_se if _finite(s.offclock_a_se) else math.inf
+        per_sample_floor = cfg.offclock_abs_floor_s / max(1, s.calls_per_sample)
+        return max(per_sample_floor, cfg.offclock_rel_floor * s.time_a) + cfg.escape_sigmas * math.sqrt(2) * se
 
     def trail_allowance(self, s) -> float:
         """Seconds per call the candidate's device work after the timed region may exceed the best's by: as

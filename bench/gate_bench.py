@@ -60,15 +60,16 @@ def built_lib(task, flags: list[str]) -> str:
 
 
 def run_trials(gate: Gate, slot: StandbySlot, shape: str, path_a: str, path_b: str, n: int, label: str,
-               log, budget_s: float = 0.0) -> tuple[list[dict], dict]:
+               log, budget_s: float = 0.0, look: int = 1, max_seconds: float | None = None) -> tuple[list[dict], dict]:
     """`n` decisions of best `path_a` against candidate `path_b` in ONE judge (one request); with
-    `budget_s`, no trial starts after that many seconds of trials (fewer trials, said so)."""
+    `budget_s`, no trial starts after that many seconds of trials (fewer trials, said so). `look`: which
+    timed decision against this best each trial is (its share of the error budget)."""
     cfg, task = gate.config, gate.task
-    req = gate.ab_request(path_a, path_b, secrets.randbits(62)).model_copy(update={
+    req = gate.ab_request(path_a, path_b, secrets.randbits(62), max_seconds=max_seconds, look=look).model_copy(update={
         "shapes": [shape], "allowances": {shape: task.allowance(task.shape(shape))}, "weights": {shape: 1.0},
         "trials": n, "trials_seconds": budget_s})
     t0 = time.monotonic()
-    res = run_worker(req, timeout=n * (4 * cfg.max_seconds + 15) + 180, standby=slot.take())
+    res = run_worker(req, timeout=n * (4 * req.max_seconds + 15) + 180, standby=slot.take())
     wall = time.monotonic() - t0
     slot.refill()  # the next case's judge warms up (after this case's timing: it never overlaps it)
     if not res.ok:
@@ -94,7 +95,12 @@ def run_trials(gate: Gate, slot: StandbySlot, shape: str, path_a: str, path_b: s
                     "probe_call_a": ab.shapes[0].probe_call_a if ab.shapes else None,
                     "probe_call_b": ab.shapes[0].probe_call_b if ab.shapes else None,
                     "time_a": ab.shapes[0].time_a if ab.shapes else None,
-                    "time_b": ab.shapes[0].time_b if ab.shapes else None})
+                    "time_b": ab.shapes[0].time_b if ab.shapes else None,
+                    "stage": v.stage, "look": ab.look,
+                    # CUDA: the judge's wall per call beyond the reported times (lower quartiles, best's spread)
+                    **{k: getattr(ab.shapes[0], k, None) if ab.shapes else None
+                       for k in ("offclock_a", "offclock_b", "offclock_a_se", "trail_a", "trail_b", "trail_a_se",
+                                 "calls_per_sample")}})
         log(f"{label} trial {i + 1}/{n}: {'ACCEPT' if v.accepted else 'reject'} x{v.speedup:.4f} "
             f"[{v.speedup_lo:.4f}, {v.speedup_hi:.4f}] {ab.passes} passes {ab.pairs} pairs {ab.timing_seconds:.2f} s "
             f"({ab.stopped_because})")
@@ -102,6 +108,33 @@ def run_trials(gate: Gate, slot: StandbySlot, shape: str, path_a: str, path_b: s
             "judge_stages": res.stage_seconds}
     log(f"{label}: {len(out)} trials in {wall:.1f} s (judge {res.standby}; processes and loads {processes:.2f} s)")
     return out, meta
+
+
+UNDER_REPORTS = (0.02, 0.05, 0.10)
+
+
+def under_report_catches(gate: Gate, trials: list[dict]) -> dict:
+    """On A/A trials: how often the judge's clock would flag a candidate whose runner reported `u` less than
+    its true time, per u. Such a runner's requests take as long on the judge's clock, so each sample's time
+    beyond what it reported grows by u x its true time: the candidate's lower quartile by u x its time per
+    call (the shift is the same for every sample of the decision). Also how often the unshifted A/A is
+    flagged (a false flag). Trials without the judge-clock figures (CPU tasks) count for nothing."""
+    from tools.protocol import ShapeAB
+
+    rows = [t for t in trials if all(isinstance(t.get(k), (int, float)) and math.isfinite(t[k])
+                                     for k in ("offclock_a", "offclock_b", "offclock_a_se", "time_a", "time_b"))]
+    out = {"trials": len(rows), "flagged_unshifted": 0, "caught": {str(u): 0 for u in UNDER_REPORTS}, "apart_rel": []}
+    for t in rows:
+        s = ShapeAB(shape="x", weight=1.0, pairs=0, speedup=1.0, speedup_lo=1.0, speedup_hi=1.0,
+                    time_a=t["time_a"], time_b=t["time_b"],
+                    offclock_a=t["offclock_a"], offclock_b=t["offclock_b"], offclock_a_se=t["offclock_a_se"],
+                    calls_per_sample=t.get("calls_per_sample") or 1)
+        allowed = gate.offclock_allowance(s)
+        out["apart_rel"].append((t["offclock_b"] - t["offclock_a"]) / t["time_a"])
+        out["flagged_unshifted"] += abs(t["offclock_b"] - t["offclock_a"]) > allowed
+        for u in UNDER_REPORTS:
+            out["caught"][str(u)] += abs(t["offclock_b"] + u * t["time_b"] / (1 - u) - t["offclock_a"]) > allowed
+    return out
 
 
 def pooled(trials: list[dict]) -> tuple[float, float, float]:
@@ -127,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write every trial here")
     ap.add_argument("--budget", type=float, default=0.0,
                     help="seconds for the whole run (0: none): each case's trials stop early, pro rata, to fit")
+    ap.add_argument("--looks", type=int, default=1,
+                    help="repeated looks: the A/A case runs as look 1..N against one best, each with twice the "
+                         "previous timing cap (an agent re-submitting as 'undecided' suggests); an agent is "
+                         "accepted if any of its looks was")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
@@ -154,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     aa = [pool.submit(built_lib, task, [f"-DKLOOP_AA_COPY={i}"]) for i in (1, 2)] if args.aa else []
     fast_job = pool.submit(built_lib, task, ["-DKLOOP_TEST_DELAY_NS=0"]) if gains else None
     cases = [("A/A", None, aa[0].result(), aa[1].result(), args.aa)] if args.aa else []
+    looks: list[list[dict]] = []  # per look >= 2, the A/A trials (trial i: agent i's look)
     if gains:
         fast = fast_job.result()
         gen = torch.Generator(device=device)
@@ -179,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
                 left = args.budget - (time.monotonic() - started) - 10 * (len(cases) - c)
                 budget = max(1.0, left * n / sum(k for *_, k in cases[c:]))
             trials, meta = run_trials(gate, slot, shape, path_a, path_b, n, name, log, budget)
+            if label == "A/A":
+                for look in range(2, args.looks + 1):
+                    more, _ = run_trials(gate, slot, shape, path_a, path_b, n, f"A/A look {look}", log, budget,
+                                         look=look, max_seconds=args.max_seconds * 2 ** (look - 1))
+                    looks.append(more)
             true, true_lo, true_hi = pooled(trials)
             accepted = sum(t["accepted"] for t in trials)
             rate = accepted / max(1, len(trials))
@@ -204,9 +247,17 @@ def main(argv: list[str] | None = None) -> int:
                    "pairs_mean": sum(t["pairs"] for t in trials) / len(trials),
                    "passes_mean": sum(t["passes"] for t in trials) / len(trials), "widest_accepted_halfwidth": widest,
                    "pass_seconds_share": {k: round(v / max(sum(parts.values()), 1e-9), 3) for k, v in parts.items()},
-                   **meta}
+                   "integrity_rejects": sum(t["stage"] == "timing" for t in trials), **meta}
+            if label == "A/A":
+                row["under_report"] = under_report_catches(gate, trials)
+                if looks:
+                    agents = [trials] + looks
+                    per_agent = [any(look[i]["accepted"] for look in agents if i < len(look)) for i in range(len(trials))]
+                    row["looks"] = {"looks": len(agents), "agents": len(per_agent), "agents_accepted": sum(per_agent),
+                                    "accepted_per_look": [sum(t["accepted"] for t in look) for look in agents],
+                                    "trials_per_look": [len(look) for look in agents]}
             rows.append(row)
-            results["cases"].append(row | {"trials_detail": trials})
+            results["cases"].append(row | {"trials_detail": trials} | ({"looks_detail": looks} if label == "A/A" and looks else {}))
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))
     finally:
@@ -229,6 +280,21 @@ def main(argv: list[str] | None = None) -> int:
           f"half-width in log (noise limit {gate.config.noisy_halfwidth}; wider fails the case)")
     for r in rows:
         print(f"{r['case']}: timing loop by part: " + ", ".join(f"{k} {v:.0%}" for k, v in r["pass_seconds_share"].items()))
+    for r in rows:
+        if r["integrity_rejects"]:
+            print(f"{r['case']}: {r['integrity_rejects']} trials rejected by an integrity bound (stage timing)")
+        ur = r.get("under_report")
+        if ur and ur["trials"]:
+            apart = sorted(abs(x) for x in ur["apart_rel"])
+            print(f"{r['case']}: the judge's clock beyond the reported times, candidate vs best: at most "
+                  f"{100 * apart[-1]:.2f}% of the best's time apart (median {100 * apart[len(apart) // 2]:.2f}%), "
+                  f"flagged {ur['flagged_unshifted']} of {ur['trials']}; a runner under-reporting by "
+                  + ", ".join(f"{100 * float(u):g}% caught {c} of {ur['trials']}" for u, c in ur["caught"].items()))
+        lk = r.get("looks")
+        if lk:
+            print(f"{r['case']}: {lk['agents']} agents re-submitting the A/A change up to {lk['looks']} times (timing cap "
+                  f"doubling): {lk['agents_accepted']} accepted ({lk['agents_accepted'] / max(1, lk['agents']):.1%}); "
+                  f"accepts per look {lk['accepted_per_look']} of {lk['trials_per_look']}")
     short = [f"{r['case']} {r['trials']} of {r['trials_asked']}" for r in rows if r["trials"] < r["trials_asked"]]
     if short:
         print("fewer trials than asked, to fit --budget: " + ", ".join(short))

@@ -60,6 +60,7 @@ class _Shape:
         self.probes = {"a": [], "b": []}  # (wall, extra, idle_cpu) per cold integrity probe
         self.after_return = {"a": [], "b": []}  # CPU seconds per call used after answering, per timed sample
         self.trails = {"a": [], "b": []}  # CUDA: seconds per call the device stayed busy after the end event, per timed sample
+        self.offclock = {"a": [], "b": []}  # CUDA: seconds per call of the judge's wall beyond the reported times, per sample
         # CUDA: per side, outputs that receive a copy of a probe's outputs made on its stream right after the call
         self.snapshots: dict[str, dict] = {}
         self.snapshot_key = (name, "snapshot")
@@ -185,6 +186,10 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
             row.trail_a, row.trail_b = (_low_quartile(st.trails[w]) for w in ("a", "b"))
             row.trail_a_se = robust_se_of_quartile(st.trails["a"])
             row.trail_samples = min(len(st.trails["a"]), len(st.trails["b"]))
+            # the judge's clock around each timed request beyond what the runner reported: the lower quartile per
+            # side and the best's spread, as above (late wake-ups and pipe delays only add)
+            row.offclock_a, row.offclock_b = (_low_quartile(st.offclock[w]) for w in ("a", "b"))
+            row.offclock_a_se = robust_se_of_quartile(st.offclock["a"])
         row.calls_per_sample = st.k
         row.rechecked = st.rechecked
         row.passes = st.passes
@@ -238,6 +243,7 @@ def one_pass(spec: Spec, task: Task, st: _Shape, draws: SecretDraws, rng: random
     pairs = n // st.k
     leak0 = {"a": len(lib_a.sample_leaks), "b": len(lib_b.sample_leaks)}
     trail0 = {"a": len(lib_a.sample_trails), "b": len(lib_b.sample_trails)}
+    off0 = {"a": len(lib_a.sample_offclock), "b": len(lib_b.sample_offclock)}
     first = len(st.ta)
     for p in range(pairs):
         keys = [st.key(i) for i in order[p * st.k:(p + 1) * st.k]]
@@ -259,6 +265,7 @@ def one_pass(spec: Spec, task: Task, st: _Shape, draws: SecretDraws, rng: random
     for which, lib in (("a", lib_a), ("b", lib_b)):
         st.after_return[which].extend(lib.sample_leaks[leak0[which]:])
         st.trails[which].extend(lib.sample_trails[trail0[which]:])
+        st.offclock[which].extend(lib.sample_offclock[off0[which]:])
     # the pass's whole time per side, every call counted: what the criterion and the verdict see
     st.pass_sums.append((st.k * sum(st.ta[first:]), st.k * sum(st.tb[first:]), st.k * pairs, pairs))
     called = order[:pairs * st.k]

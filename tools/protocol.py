@@ -151,6 +151,13 @@ class ShapeAB(BaseModel):
     trail_b: float | None = None
     trail_a_se: float | None = None
     trail_samples: int = 0
+    # CUDA: seconds per call of the judge's own wall clock around each timed request beyond the times the
+    # runner reported (pipe, flush, spin, sync: the same for any library), the lower quartile over every timed
+    # sample of each side and the robust standard error of the best's. A runner whose events under-report
+    # shows here, on a clock it cannot reach. None: not a CUDA timing; NaN: not measured
+    offclock_a: float | None = None
+    offclock_b: float | None = None
+    offclock_a_se: float | None = None
     calls_per_sample: int = 1  # calls in one timed sample (short kernels are timed several to a sample)
     floor_s: float | None = None  # physics floor: no honest call can take less (roofline at generous peaks)
     passes: int = 0  # passes over the input sets (fresh values and poisoned outputs before each)

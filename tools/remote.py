@@ -58,6 +58,10 @@ class RemoteLib:
         # CUDA: per timed sample, seconds per call the device stayed busy after the sample's end event
         # (work left on other streams; NaN when the runner did not say)
         self.sample_trails: list[float] = []
+        # CUDA: per timed sample, seconds per call of the judge's own wall clock around the request beyond the
+        # times the runner reported (its pipe, flush, spin, sync and wake-up: the same work for any library).
+        # A runner whose events under-report moves exactly this, on a clock it cannot reach
+        self.sample_offclock: list[float] = []
         self._idle_from: int | None = None
         self._pending: tuple[list, int, int] | None = None  # (sink, index, calls) of the last sample
 
@@ -170,6 +174,7 @@ class RemoteLib:
             self._answered()
             t = _seconds(reply.get("times"), 0)
             self.sample_trails.append(_seconds(reply.get("trailing"), 0) / len(keys))
+            self.sample_offclock.append((wall - t) / len(keys) if t == t else float("nan"))
             # events can only under-report through a lying runner; never more than the judge's own clock
             return t if t <= wall else float("nan")
         self.timer.flush()  # the runner is frozen meanwhile; what it used since its answer is charged by _gap

@@ -60,11 +60,12 @@ class Judge:
             torch.zeros(1, device=self.device)  # the CUDA context, now rather than at the first input
         else:  # no idle OpenMP threads of ours competing with the timed calls
             torch.set_num_threads(1)
-            # out of the runners' reach (/proc/<judge>/mem, fd/): the seed, references and verdict live here.
-            # Not yet on CUDA tasks: whether the driver's IPC needs the exporter dumpable is untested.
-            from tools.sandbox import harden_process
+        # out of the runners' reach (/proc/<judge>/mem, fd/): the seed, references and verdict live here. On CUDA
+        # too: buffers reach a runner as VMM descriptors over a socket (tools/vmm.py), which need no ptrace access
+        # to the exporter (torch's CUDA IPC handles, which might, are never sent)
+        from tools.sandbox import harden_process
 
-            harden_process()
+        harden_process()
         self.info = describe(self.device)
         self.spec = load_spec(task.spec_path)
         self.timer = Timer(self.device)

@@ -1,0 +1,98 @@
+"""The gate's bound on a CUDA runner's reported times by the judge's own clock, on synthetic reports.
+
+On CUDA the runner times its calls with events in its own process, where a candidate's host code could
+make them lie. The judge times every request on its own clock; what that exceeds the reported times by
+(the pipe, the flush, the spin, the sync: the same work for any library) is compared like for like with
+the best's (agent/gate.py `offclock_allowance`): a runner whose events under-report reads more, one that
+skips its flush reads less. Also: the cold probes' own calls are bounded on CUDA as on the CPU."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from agent.gate import Gate
+from tests.test_gate_judge import report, shape
+from tests.test_gate_trailing import gpu_shape
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def gate():
+    return Gate(ROOT / "kernels" / "softmax", "kernels/softmax")
+
+
+def clocked(ta, offclock_a=95e-6, offclock_b=95e-6, se=0.3e-6, speedup=1.10, k=1):
+    s = gpu_shape("65536x4096", speedup, ta=ta)
+    s.offclock_a, s.offclock_b, s.offclock_a_se, s.calls_per_sample = offclock_a, offclock_b, se, k
+    return s
+
+
+def test_the_same_time_beyond_the_reported_is_accepted(gate):
+    v = gate.judge(report(clocked(459e-6)))
+    assert v.accepted, v.reason
+
+
+@pytest.mark.parametrize("ta", [459e-6, 1e-3, 5e-3])
+def test_a_runner_under_reporting_by_five_percent_is_caught(gate, ta):
+    """Events that read 95% of the truth: the judge's clock still sees the whole request, so the time beyond
+    the reported grows by 5% of the true time per call. Rejected, naming both figures."""
+    true_b = ta / 1.10
+    s = clocked(ta, offclock_b=95e-6 + 0.05 * true_b, speedup=1.10 / 0.95)
+    v = gate.judge(report(s))
+    assert not v.accepted and v.stage == "timing", v.reason
+    assert "disagree with the judge's clock" in v.reason and "under-reported" in v.reason
+
+
+def test_a_runner_that_skips_its_flush_is_caught(gate):
+    """The flush (twice the L2, ~40 us on the H200) is part of every request: a runner that skips it for a
+    warm-cache gain answers sooner by that much, which reads as less time beyond the reported."""
+    v = gate.judge(report(clocked(459e-6, offclock_b=95e-6 - 40e-6)))
+    assert not v.accepted and v.stage == "timing" and "judge's clock" in v.reason, v.reason
+
+
+def test_the_allowance_follows_the_best_s_spread_not_the_candidate_s(gate):
+    quiet, noisy = clocked(459e-6, se=0.3e-6), clocked(459e-6, se=6e-6)
+    assert gate.offclock_allowance(noisy) > gate.offclock_allowance(quiet) + 4 * math.sqrt(2) * 5.6e-6
+    for s, caught in ((quiet, True), (noisy, False)):
+        s.offclock_b = s.offclock_a + 40e-6
+        v = gate.judge(report(s))
+        assert ("judge's clock" in v.reason) == caught, v.reason
+
+
+@pytest.mark.parametrize("field", ["offclock_b", "offclock_a_se"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_clock_that_was_not_read_fails_closed(gate, field, value):
+    s = clocked(459e-6, speedup=2.0)
+    setattr(s, field, value)
+    v = gate.judge(report(s))
+    assert not v.accepted and v.stage == "timing" and "not measured" in v.reason, v.reason
+
+
+def test_a_record_from_before_the_bound_is_still_judged(gate):
+    """Reports recorded by older judges have no judge-clock figures (None, not NaN): `kloop audit` re-judges
+    their gain without this bound rather than calling every old accept unmeasured."""
+    v = gate.judge(report(gpu_shape("65536x4096", 1.10, ta=459e-6)))
+    assert v.accepted, v.reason
+
+
+def test_triton_tasks_have_no_candidate_host_code_to_lie(gate):
+    """A Triton task's launch is kloop's own code (tools/triton_launch.py): the bound is not applied there,
+    where the runner's spin follows its measured enqueue and differs by runner."""
+    triton = Gate(ROOT / "kernels" / "rmsnorm_triton", "kernels/rmsnorm_triton")
+    s = clocked(20e-6, offclock_b=95e-6 + 30e-6)
+    s.shape = triton.task.bench_shapes[0].name
+    v = triton.judge(report(s))
+    assert "judge's clock" not in (v.reason or ""), v.reason
+
+
+def test_a_cuda_probe_call_doing_work_of_its_own_is_caught(gate):
+    """A cold probe's call is charged to no sample; on CUDA its events are bounded like the CPU's CPU time: a
+    kernel that spends 3 ms in every probe (tables built, work the timed calls then skip) is rejected."""
+    s = clocked(459e-6)
+    s.probe_call_a, s.probe_call_b = 470e-6, 3e-3
+    v = gate.judge(report(s))
+    assert not v.accepted and v.stage == "timing" and "untimed calls" in v.reason, v.reason
+    s.probe_call_b = 480e-6  # a cold call as slow as the best's: nothing
+    assert gate.judge(report(s)).accepted
