@@ -96,3 +96,19 @@ def test_a_cuda_probe_call_doing_work_of_its_own_is_caught(gate):
     assert not v.accepted and v.stage == "timing" and "untimed calls" in v.reason, v.reason
     s.probe_call_b = 480e-6  # a cold call as slow as the best's: nothing
     assert gate.judge(report(s)).accepted
+
+
+def test_the_gate_benchmark_counts_what_an_under_report_would_show(gate):
+    """bench/gate_bench.py replays A/A trials as a lying runner would have made them: each sample's time beyond
+    the reported grows by u x the true time. On steady trials 5% is caught and the unshifted A/A is not;
+    trials without the judge-clock figures (CPU tasks) count for nothing."""
+    from tests.script_module import load_script
+
+    gb = load_script("bench/gate_bench.py")
+    steady = {"offclock_a": 95e-6, "offclock_b": 96e-6, "offclock_a_se": 0.4e-6, "time_a": 459e-6, "time_b": 460e-6,
+              "calls_per_sample": 1}
+    cpu = {"offclock_a": None, "offclock_b": None, "offclock_a_se": None, "time_a": 1e-3, "time_b": 1e-3}
+    out = gb.under_report_catches(gate, [steady] * 5 + [cpu])
+    assert out["trials"] == 5 and out["flagged_unshifted"] == 0
+    assert out["caught"]["0.05"] == 5 and out["caught"]["0.1"] == 5
+    assert out["caught"]["0.02"] == 0  # 9.4 us beside a 9.2 us floor + 2.3 us of the best's spread
