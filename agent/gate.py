@@ -77,9 +77,13 @@ class GateConfig(BaseModel):
     # the judge's own clock around each timed request beyond the times the runner reported (CUDA C++ tasks,
     # whose host code could make the runner's events lie): the candidate's lower quartile per call may differ
     # from the best's, either way, by a few robust standard errors of the best's plus a floor. More: its
-    # events under-report; less: its runner skipped work every runner does in a request (the flush, the spin)
-    offclock_rel_floor: float = 0.02
-    offclock_abs_floor_s: float = 2e-6  # per sample
+    # events under-report; less: its runner skipped work every runner does in a request. A coarse bound: that
+    # time is ~0.45-0.6 ms a request (the runner's Python, the pipe, flush, spin and sync) and two runners
+    # of one build read up to 115 us apart (H100, 57 A/A decisions, 2026-12-07), so the floor is 150 us a
+    # sample and a quarter of the call: a runner reporting half its time was caught in 44 of those 57 decisions
+    # replayed as its (bench/gate_bench.py), one reporting 95% in none
+    offclock_rel_floor: float = 0.25
+    offclock_abs_floor_s: float = 150e-6  # per sample
     # a cold probe's own call, which no sample charges: the candidate's mean over its probes may reach
     # this many times the best's, plus one of the best's timed calls. Beyond, the probes do work of their
     # own (a red-team kernel spun 40 ms in every second probe, unflagged): the window is closed to about a
@@ -636,8 +640,8 @@ class Gate:
                         f"runner reported vs {fmt_us(s.offclock_a)} for the best's (lower quartile of {s.trail_samples} timed "
                         f"samples each; allowed {fmt_us(self.offclock_allowance(s))} apart either way: "
                         f"{self.config.escape_sigmas:g} x sqrt 2 x the best's spread {fmt_us(s.offclock_a_se)}, floor "
-                        f"{self.config.offclock_rel_floor:.0%} of its time {fmt_us(s.time_a)}). More: times under-reported; "
-                        f"less: the runner skipped work every request does (the cache flush)" for s in offclock)
+                        f"{self.config.offclock_rel_floor:.0%} of its time {fmt_us(s.time_a)}, {fmt_us(self.config.offclock_abs_floor_s)} "
+                        f"a sample). More: times under-reported; less: the runner skipped work every request does" for s in offclock)
         if self._speedup_not_finite(ab):
             return "undecided", (
                 f"{UNDECIDED}: the speedup is not finite and positive. To decide: re-submit the same change with a longer "

@@ -97,6 +97,8 @@ def run_trials(gate: Gate, slot: StandbySlot, shape: str, path_a: str, path_b: s
                     "time_a": ab.shapes[0].time_a if ab.shapes else None,
                     "time_b": ab.shapes[0].time_b if ab.shapes else None,
                     "stage": v.stage, "look": ab.look,
+                    # an integrity bound's reason (work outside the timed region, the judge's clock, ...): None if none fired
+                    "integrity": _integrity(gate, v),
                     # CUDA: the judge's wall per call beyond the reported times (lower quartiles, best's spread)
                     **{k: getattr(ab.shapes[0], k, None) if ab.shapes else None
                        for k in ("offclock_a", "offclock_b", "offclock_a_se", "trail_a", "trail_b", "trail_a_se",
@@ -110,7 +112,14 @@ def run_trials(gate: Gate, slot: StandbySlot, shape: str, path_a: str, path_b: s
     return out, meta
 
 
-UNDER_REPORTS = (0.02, 0.05, 0.10)
+def _integrity(gate: Gate, v) -> str | None:
+    if v.ab is None:
+        return None
+    problem = gate.integrity_problem(v.ab)
+    return problem[1] if problem and problem[0] == "timing" else None
+
+
+UNDER_REPORTS = (0.05, 0.10, 0.25, 0.5)
 
 
 def under_report_catches(gate: Gate, trials: list[dict]) -> dict:
@@ -133,7 +142,7 @@ def under_report_catches(gate: Gate, trials: list[dict]) -> dict:
         out["apart_rel"].append((t["offclock_b"] - t["offclock_a"]) / t["time_a"])
         out["flagged_unshifted"] += abs(t["offclock_b"] - t["offclock_a"]) > allowed
         for u in UNDER_REPORTS:
-            out["caught"][str(u)] += abs(t["offclock_b"] + u * t["time_b"] / (1 - u) - t["offclock_a"]) > allowed
+            out["caught"][str(u)] += abs(t["offclock_b"] + u * t["time_b"] - t["offclock_a"]) > allowed
     return out
 
 
@@ -247,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                    "pairs_mean": sum(t["pairs"] for t in trials) / len(trials),
                    "passes_mean": sum(t["passes"] for t in trials) / len(trials), "widest_accepted_halfwidth": widest,
                    "pass_seconds_share": {k: round(v / max(sum(parts.values()), 1e-9), 3) for k, v in parts.items()},
-                   "integrity_rejects": sum(t["stage"] == "timing" for t in trials), **meta}
+                   "integrity_rejects": sum(bool(t["integrity"]) for t in trials), **meta}
             if label == "A/A":
                 row["under_report"] = under_report_catches(gate, trials)
                 if looks:
@@ -282,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['case']}: timing loop by part: " + ", ".join(f"{k} {v:.0%}" for k, v in r["pass_seconds_share"].items()))
     for r in rows:
         if r["integrity_rejects"]:
-            print(f"{r['case']}: {r['integrity_rejects']} trials rejected by an integrity bound (stage timing)")
+            print(f"{r['case']}: {r['integrity_rejects']} trials rejected by an integrity bound (work outside the timed "
+                  "region, the judge's clock, untimed calls): false flags where the case is honest")
         ur = r.get("under_report")
         if ur and ur["trials"]:
             apart = sorted(abs(x) for x in ur["apart_rel"])

@@ -4,7 +4,7 @@ On CUDA the runner times its calls with events in its own process, where a candi
 make them lie. The judge times every request on its own clock; what that exceeds the reported times by
 (the pipe, the flush, the spin, the sync: the same work for any library) is compared like for like with
 the best's (agent/gate.py `offclock_allowance`): a runner whose events under-report reads more, one that
-skips its flush reads less. Also: the cold probes' own calls are bounded on CUDA as on the CPU."""
+skips the work of its requests reads less. A coarse bound: the judge's clock jitters by ~100 us a request. Also: the cold probes' own calls are bounded on CUDA as on the CPU."""
 
 import math
 from pathlib import Path
@@ -35,28 +35,38 @@ def test_the_same_time_beyond_the_reported_is_accepted(gate):
 
 
 @pytest.mark.parametrize("ta", [459e-6, 1e-3, 5e-3])
-def test_a_runner_under_reporting_by_five_percent_is_caught(gate, ta):
-    """Events that read 95% of the truth: the judge's clock still sees the whole request, so the time beyond
-    the reported grows by 5% of the true time per call. Rejected, naming both figures."""
+def test_a_runner_reporting_half_its_time_is_caught(gate, ta):
+    """Events that read half the truth (a x2 "gain"): the judge's clock still sees the whole request, so the
+    time beyond the reported grows by half the true time per call. Rejected, naming both figures."""
     true_b = ta / 1.10
-    s = clocked(ta, offclock_b=95e-6 + 0.05 * true_b, speedup=1.10 / 0.95)
+    s = clocked(ta, offclock_b=95e-6 + 0.5 * true_b, speedup=1.10 / 0.5)
     v = gate.judge(report(s))
     assert not v.accepted and v.stage == "timing", v.reason
     assert "disagree with the judge's clock" in v.reason and "under-reported" in v.reason
 
 
-def test_a_runner_that_skips_its_flush_is_caught(gate):
-    """The flush (twice the L2, ~40 us on the H200) is part of every request: a runner that skips it for a
-    warm-cache gain answers sooner by that much, which reads as less time beyond the reported."""
-    v = gate.judge(report(clocked(459e-6, offclock_b=95e-6 - 40e-6)))
+def test_two_runners_115_us_apart_are_not_flagged(gate):
+    """On the H100 (2026-12-07) the judge's wall beyond the reported times read 437-615 us a request and two
+    runners of one build up to 115 us apart on a 0.49 ms call: the floor keeps such an A/A clean. The price:
+    a 5% under-report (25 us here) is inside it; the bound catches gross lies only."""
+    s = clocked(492e-6, offclock_a=544e-6, offclock_b=429e-6, se=10.6e-6)
+    assert gate.judge(report(s)).accepted
+    s.offclock_b = s.offclock_a + 0.05 * 492e-6
+    assert gate.judge(report(s)).accepted
+
+
+def test_a_runner_that_skips_all_its_request_work_is_caught(gate):
+    """A runner that answers with no flush, spin or sync (its request a quarter of the best's time beyond the
+    reported) reads far less on the judge's clock."""
+    v = gate.judge(report(clocked(459e-6, offclock_a=500e-6, offclock_b=120e-6)))
     assert not v.accepted and v.stage == "timing" and "judge's clock" in v.reason, v.reason
 
 
 def test_the_allowance_follows_the_best_s_spread_not_the_candidate_s(gate):
-    quiet, noisy = clocked(459e-6, se=0.3e-6), clocked(459e-6, se=6e-6)
-    assert gate.offclock_allowance(noisy) > gate.offclock_allowance(quiet) + 4 * math.sqrt(2) * 5.6e-6
+    quiet, noisy = clocked(459e-6, se=0.3e-6), clocked(459e-6, se=20e-6)
+    assert gate.offclock_allowance(noisy) > gate.offclock_allowance(quiet) + 4 * math.sqrt(2) * 19.6e-6
     for s, caught in ((quiet, True), (noisy, False)):
-        s.offclock_b = s.offclock_a + 40e-6
+        s.offclock_b = s.offclock_a + 200e-6
         v = gate.judge(report(s))
         assert ("judge's clock" in v.reason) == caught, v.reason
 
@@ -100,15 +110,15 @@ def test_a_cuda_probe_call_doing_work_of_its_own_is_caught(gate):
 
 def test_the_gate_benchmark_counts_what_an_under_report_would_show(gate):
     """bench/gate_bench.py replays A/A trials as a lying runner would have made them: each sample's time beyond
-    the reported grows by u x the true time. On steady trials 5% is caught and the unshifted A/A is not;
-    trials without the judge-clock figures (CPU tasks) count for nothing."""
+    the reported grows by u x the true time (the A/A trial's own time). On steady 1 ms
+    trials 50% is caught, 5% and 10% are not, the unshifted A/A is not flagged; trials without the
+    judge-clock figures (CPU tasks) count for nothing."""
     from tests.script_module import load_script
 
     gb = load_script("bench/gate_bench.py")
-    steady = {"offclock_a": 95e-6, "offclock_b": 96e-6, "offclock_a_se": 0.4e-6, "time_a": 459e-6, "time_b": 460e-6,
+    steady = {"offclock_a": 500e-6, "offclock_b": 510e-6, "offclock_a_se": 2e-6, "time_a": 1e-3, "time_b": 1e-3,
               "calls_per_sample": 1}
     cpu = {"offclock_a": None, "offclock_b": None, "offclock_a_se": None, "time_a": 1e-3, "time_b": 1e-3}
     out = gb.under_report_catches(gate, [steady] * 5 + [cpu])
     assert out["trials"] == 5 and out["flagged_unshifted"] == 0
-    assert out["caught"]["0.05"] == 5 and out["caught"]["0.1"] == 5
-    assert out["caught"]["0.02"] == 0  # 9.4 us beside a 9.2 us floor + 2.3 us of the best's spread
+    assert out["caught"]["0.5"] == 5 and out["caught"]["0.1"] == 0 and out["caught"]["0.05"] == 0
