@@ -221,14 +221,18 @@ def main(argv: list[str] | None = None) -> int:
         for c, (label, delay_ns, path_a, path_b, n) in enumerate(cases):
             path_a = path_a if isinstance(path_a, str) else path_a.result()
             name = f"gain {label}" if label != "A/A" else "A/A"
+            # the A/A case's looks each run `n` trials at a cap doubling per look: 1 + 2 + 4 ... caps' worth of time
+            weight = (lambda label: (2 ** args.looks - 1) if label == "A/A" else 1)
             budget = 0.0
-            if args.budget:  # what is left, shared by the cases to come by their trial counts, less start-ups
-                left = args.budget - (time.monotonic() - started) - 10 * (len(cases) - c)
-                budget = max(1.0, left * n / sum(k for *_, k in cases[c:]))
-            trials, meta = run_trials(gate, slot, shape, path_a, path_b, n, name, log, budget)
+            if args.budget:  # what is left, shared by the cases to come by their trials x caps, less start-ups
+                left = args.budget - (time.monotonic() - started) - 10 * (len(cases) - c + args.looks - 1)
+                budget = max(1.0, left * n * weight(label) / sum(k * weight(lb) for lb, *_, k in cases[c:]))
+            # each look its share of the case's budget, by its cap
+            share = (lambda look: budget * 2 ** (look - 1) / weight(label)) if budget else (lambda look: 0.0)
+            trials, meta = run_trials(gate, slot, shape, path_a, path_b, n, name, log, share(1))
             if label == "A/A":
                 for look in range(2, args.looks + 1):
-                    more, _ = run_trials(gate, slot, shape, path_a, path_b, n, f"A/A look {look}", log, budget,
+                    more, _ = run_trials(gate, slot, shape, path_a, path_b, n, f"A/A look {look}", log, share(look),
                                          look=look, max_seconds=args.max_seconds * 2 ** (look - 1))
                     looks.append(more)
             true, true_lo, true_hi = pooled(trials)
