@@ -270,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
                                     "accepted_per_look": [sum(t["accepted"] for t in look) for look in agents],
                                     "trials_per_look": [len(look) for look in agents]}
             rows.append(row)
+            # said as each case ends (also under --quiet): a run cut off by its device command keeps what it decided
+            print(f"case {row['case']}: {accepted} of {len(trials)} accepted, {row['integrity_rejects']} integrity flags, "
+                  f"{row['timing_s_mean']:.2f} s timing a decision (max {row['timing_s_max']:.2f})"
+                  + (f"; looks: {row['looks']['agents_accepted']} of {row['looks']['agents']} agents accepted"
+                     if row.get("looks") else ""), flush=True)
             results["cases"].append(row | {"trials_detail": trials} | ({"looks_detail": looks} if label == "A/A" and looks else {}))
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))
