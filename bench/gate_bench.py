@@ -139,7 +139,7 @@ def under_report_catches(gate: Gate, trials: list[dict]) -> dict:
                     offclock_a=t["offclock_a"], offclock_b=t["offclock_b"], offclock_a_se=t["offclock_a_se"],
                     calls_per_sample=t.get("calls_per_sample") or 1)
         allowed = gate.offclock_allowance(s)
-        out["apart_rel"].append((t["offclock_b"] - t["offclock_a"]) / t["time_a"])
+        out["apart_rel"].append((t["offclock_b"] - t["offclock_a"]) / t["time_a"] if t["time_a"] > 0 else math.inf)
         out["flagged_unshifted"] += abs(t["offclock_b"] - t["offclock_a"]) > allowed
         for u in UNDER_REPORTS:
             out["caught"][str(u)] += abs(t["offclock_b"] + u * t["time_b"] - t["offclock_a"]) > allowed
@@ -225,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             weight = (lambda label: (2 ** args.looks - 1) if label == "A/A" else 1)
             budget = 0.0
             if args.budget:  # what is left, shared by the cases to come by their trials x caps, less start-ups
-                left = args.budget - (time.monotonic() - started) - 10 * (len(cases) - c + args.looks - 1)
-                budget = max(1.0, left * n * weight(label) / sum(k * weight(lb) for lb, *_, k in cases[c:]))
+                starts = sum(args.looks if lb == "A/A" else 1 for lb, *_ in cases[c:])  # a judge start each
+                left = args.budget - (time.monotonic() - started) - 10 * starts
+                budget = max(1.0, left * n * weight(label) / max(1, sum(k * weight(lb) for lb, *_, k in cases[c:])))
             # each look its share of the case's budget, by its cap
             share = (lambda look: budget * 2 ** (look - 1) / weight(label)) if budget else (lambda look: 0.0)
             trials, meta = run_trials(gate, slot, shape, path_a, path_b, n, name, log, share(1))
@@ -265,8 +266,11 @@ def main(argv: list[str] | None = None) -> int:
                 row["under_report"] = under_report_catches(gate, trials)
                 if looks:
                     agents = [trials] + looks
-                    per_agent = [any(look[i]["accepted"] for look in agents if i < len(look)) for i in range(len(trials))]
-                    row["looks"] = {"looks": len(agents), "agents": len(per_agent), "agents_accepted": sum(per_agent),
+                    # an agent is trial i of every look: only those with all their looks count (a --budget can
+                    # cut a look short); the accepts of the looks beyond are counted per look all the same
+                    whole = min(len(look) for look in agents)
+                    per_agent = [any(look[i]["accepted"] for look in agents) for i in range(whole)]
+                    row["looks"] = {"looks": len(agents), "agents": whole, "agents_accepted": sum(per_agent),
                                     "accepted_per_look": [sum(t["accepted"] for t in look) for look in agents],
                                     "trials_per_look": [len(look) for look in agents]}
             rows.append(row)

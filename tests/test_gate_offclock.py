@@ -71,8 +71,8 @@ def test_the_allowance_follows_the_best_s_spread_not_the_candidate_s(gate):
         assert ("judge's clock" in v.reason) == caught, v.reason
 
 
-@pytest.mark.parametrize("field", ["offclock_b", "offclock_a_se"])
-@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("field", ["offclock_a", "offclock_b", "offclock_a_se"])
+@pytest.mark.parametrize("value", [None, float("nan"), float("inf")])
 def test_a_clock_that_was_not_read_fails_closed(gate, field, value):
     s = clocked(459e-6, speedup=2.0)
     setattr(s, field, value)
@@ -80,18 +80,21 @@ def test_a_clock_that_was_not_read_fails_closed(gate, field, value):
     assert not v.accepted and v.stage == "timing" and "not measured" in v.reason, v.reason
 
 
-def test_a_record_from_before_the_bound_is_still_judged(gate):
-    """Reports recorded by older judges have no judge-clock figures (None, not NaN): `kloop audit` re-judges
-    their gain without this bound rather than calling every old accept unmeasured."""
-    v = gate.judge(report(gpu_shape("65536x4096", 1.10, ta=459e-6)))
-    assert v.accepted, v.reason
+def test_a_cuda_report_without_the_judge_clock_fails_closed(gate):
+    """Only fresh reports are judged (`kloop audit` and replay re-time): a CUDA C++ report without the figures
+    is a judge that did not measure them, not an old record."""
+    s = gpu_shape("65536x4096", 1.10, ta=459e-6)
+    s.offclock_a = s.offclock_b = s.offclock_a_se = None
+    v = gate.judge(report(s))
+    assert not v.accepted and "judge's clock" in v.reason and "not measured" in v.reason, v.reason
 
 
 def test_triton_tasks_have_no_candidate_host_code_to_lie(gate):
     """A Triton task's launch is kloop's own code (tools/triton_launch.py): the bound is not applied there,
     where the runner's spin follows its measured enqueue and differs by runner."""
     triton = Gate(ROOT / "kernels" / "rmsnorm_triton", "kernels/rmsnorm_triton")
-    s = clocked(20e-6, offclock_b=95e-6 + 30e-6)
+    s = clocked(20e-6, offclock_b=95e-6 + 1e-3)
+    assert abs(s.offclock_b - s.offclock_a) > gate.offclock_allowance(s)  # a CUDA C++ task would reject it
     s.shape = triton.task.bench_shapes[0].name
     v = triton.judge(report(s))
     assert "judge's clock" not in (v.reason or ""), v.reason
@@ -106,6 +109,22 @@ def test_a_cuda_probe_call_doing_work_of_its_own_is_caught(gate):
     assert not v.accepted and v.stage == "timing" and "untimed calls" in v.reason, v.reason
     s.probe_call_b = 480e-6  # a cold call as slow as the best's: nothing
     assert gate.judge(report(s)).accepted
+
+
+def test_host_set_up_a_timed_call_hides_under_its_spin_is_allowed_in_a_probe(gate):
+    """A probe has no spin before its start event, so its events hold the host's enqueue too; a timed call of one
+    hides up to tools/timing.hold_seconds(1) of it. A faster 5 us kernel with 12 us more host set-up a call
+    (descriptors made per call) is not work in untimed calls; 100 us more is."""
+    pytest.importorskip("torch")
+    from tools.timing import hold_seconds
+
+    assert gate.config.untimed_call_gpu_host_s == pytest.approx(hold_seconds(1))
+    s = clocked(5e-6, speedup=1.10)
+    s.probe_call_a, s.probe_call_b = 10e-6, 22e-6
+    assert gate.judge(report(s)).accepted
+    s.probe_call_b = 110e-6
+    v = gate.judge(report(s))
+    assert not v.accepted and "untimed calls" in v.reason and "host enqueue" in v.reason, v.reason
 
 
 def test_the_gate_benchmark_counts_what_an_under_report_would_show(gate):

@@ -23,6 +23,9 @@ def gate():
 def gpu_shape(name, speedup, ta, trail_a=6e-6, trail_b=6e-6, trail_a_se=0.05e-6, samples=200):
     s = shape(name, speedup, ta=ta)
     s.trail_a, s.trail_b, s.trail_a_se, s.trail_samples = trail_a, trail_b, trail_a_se, samples
+    # the judge's clock around each request, the same for both sides (tests/test_gate_offclock.py varies it)
+    s.offclock_a = s.offclock_b = 500e-6
+    s.offclock_a_se = 5e-6
     return s
 
 

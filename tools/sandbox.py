@@ -414,8 +414,8 @@ def harden_process() -> None:
     `/proc/<pid>/mem`, `fd/`, `environ` and `maps` need CAP_SYS_PTRACE, and nobody may ptrace it) and
     without capabilities (a runner started as root keeps none: no CAP_SYS_PTRACE to reach the
     others, no CAP_DAC_OVERRIDE to open a read-only input for writing, no CAP_SYS_ADMIN for
-    `/proc/self/map_files`). Called by runners before the library loads and by the judge on CPU
-    tasks; lockdown() then forbids making the process dumpable again."""
+    `/proc/self/map_files`). Called by runners before the library loads and by the judge (CPU and
+    CUDA tasks); lockdown() then forbids making the process dumpable again."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
