@@ -199,9 +199,17 @@ def test_honest_vec_knob_change_is_still_accepted(gate, builds, tmp_path, capsys
     cand = tmp_path / "softmax"
     shutil.copytree(TASK, cand)
     gate.task.write_knob_settings(cand, {"VEC": 8})
-    v = gate.evaluate(Candidate(cand, ["kernels/softmax/knobs.toml"]), best)
+    change = Candidate(cand, ["kernels/softmax/knobs.toml"])
+    v = gate.evaluate(change, best)
     with capsys.disabled():
         print(f"\n{'honest VEC=8':<22} gate: {'ACCEPTED' if v.accepted else 'rejected'} at {v.stage}: {v.reason[:300]}")
+    if v.stage == "undecided" and "noisy machine" in v.reason:
+        # what its user would do (and what the reason says): the same change again with a longer gate, the
+        # best's second look. A noisy hour (H100, 2026-12-07: [0.957, 1.077] in 9 s) must not read as a rejection;
+        # an integrity bound firing on an honest change would
+        v = gate.evaluate(change, best, max_seconds=gate._longer_gate(v.ab), look=2)
+        with capsys.disabled():
+            print(f"{'honest VEC=8, again':<22} gate: {'ACCEPTED' if v.accepted else 'rejected'} at {v.stage}: {v.reason[:300]}")
     assert v.accepted, v.summary()
 
 
