@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: the CUDA path of the judge/runner split (CUDA IPC buffers, events in the runner,
-# probes and floors in the judge). GPU tests, the gate benchmark on softmax (100 A/A agents re-submitting up
-# to 3 times, 100 +0.5% and
-# 100 +2% trials at 2 s of timing per decision), the hidden work the escape allowance catches, and the
+# probes and floors in the judge). GPU tests, the gate benchmark on softmax (100 A/A, 100 +0.5% and
+# 100 +2% trials at 2 s of timing per decision; `looks`: 100 A/A agents re-submitting up to 3 times), the hidden work the escape allowance catches, and the
 # per-stage overhead of two real decisions.
-#   bash bench/device_gate.sh [all|tests|tests-cheats|tests-tasks|tests-showcase|tests-attention|bench|hidden|overhead]   (writes under $OUT or /tmp)
+#   bash bench/device_gate.sh [all|tests|tests-cheats|tests-tasks|tests-showcase|tests-attention|bench|looks|hidden|overhead]   (writes under $OUT or /tmp)
 # One device command may run 600 s. The GPU suite takes more than that on the H200, so it is three
 # parts, each given 270 s and run as its own device command: `tests-cheats` (the CUDA cheats against
 # the gate: 149 s on 2026-12-07), `tests-tasks` (the GPU tasks and the gate on GPU) and
@@ -31,8 +30,13 @@ if want tests || [ "$part" = tests-showcase ]; then gpu_part showcase tests/gpu/
 # the attention tasks' every-knob checks and tuner runs (~200 s): a part of their own, not in `tests`
 if [ "$part" = tests-attention ]; then gpu_part attention tests/gpu/test_attention_tasks.py; fi
 if want bench; then
-timeout 570 python3 bench/gate_bench.py --task kernels/softmax --aa 100 --looks 3 --gains 0.005:100,0.02:100 --max-seconds 2 --budget 520 --quiet --json "$out/gate_bench.json" > "$out/gate_bench.txt" 2>&1
+timeout 570 python3 bench/gate_bench.py --task kernels/softmax --aa 100 --gains 0.005:100,0.02:100 --max-seconds 2 --budget 540 --quiet --json "$out/gate_bench.json" > "$out/gate_bench.txt" 2>&1
 echo "gate bench rc=$?"; tail -8 "$out/gate_bench.txt"
+fi
+if [ "$part" = looks ]; then
+# repeated looks (issue 20): 100 agents re-submitting the A/A change up to 3 times, the cap doubling (2, 4, 8 s)
+timeout 570 python3 bench/gate_bench.py --task kernels/softmax --aa 100 --looks 3 --gains '' --max-seconds 2 --budget 540 --quiet --json "$out/gate_looks.json" > "$out/gate_looks.txt" 2>&1
+echo "gate looks rc=$?"; tail -6 "$out/gate_looks.txt"
 fi
 if want hidden; then
 # work on a second stream of 5/10/20% of a call, after the timed stream's, on a 5 us, a 40 us and two ~0.5 ms
