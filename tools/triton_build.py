@@ -18,6 +18,7 @@ import functools
 import hashlib
 import itertools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -120,8 +121,11 @@ def compile_in_sandbox(task: Task, knobs: dict[str, KnobValue], work: Path, lib_
             errors.append(CompileError(message=f"{label}: the compile gave no result" + (f": {raw[-1500:]}" if raw else "")))
             continue
         if not res.get("ok"):
-            errors.append(CompileError(file=job["source"].removeprefix("src/"),
-                                       message=f"{label}: {safe_log(str(res.get('error', '?')), src)}"))
+            file = job["source"].removeprefix("src/")
+            line, diags = compiler_diagnostics(work / "out" / f"{job['id']}.stderr", src, file)
+            message = f"{label}: {safe_log(str(res.get('error', '?')), src)}"
+            errors.append(CompileError(file=file, line=line, message=message + (f": {diags[0]}" if diags else ""),
+                                       context=diags[1:]))
             continue
         rec, problem = _record(job, res, work / "out")
         if problem:
@@ -139,6 +143,49 @@ def compile_in_sandbox(task: Task, knobs: dict[str, KnobValue], work: Path, lib_
               "knobs": knobs, "kernels": records}
     (work / lib_name).write_text(json.dumps(bundle))
     return True, log, [], kernels
+
+
+_MLIR_DIAG = re.compile(r"^(?P<file>\S+?):(?P<line>\d+):(?P<col>\d+): (?P<kind>error|warning|note|remark): (?P<msg>.+)$")
+# MLIR's own words that say nothing of the kernel: the first line of every failed pipeline, and the reproducer
+_GENERIC = ("Failures have been detected while processing an MLIR pass pipeline",)
+MAX_DIAGNOSTICS = 4
+
+
+def compiler_diagnostics(path: Path, src: Path, file: str) -> tuple[int | None, list[str]]:
+    """(the source line, the diagnostics) a failed job's compiler wrote to its stderr about the task's `file`:
+    MLIR's `FILE:LINE:COL: error|warning|note: ...` lines, the generic ones and the reproducer left out (a
+    `PassManager::run failed` alone says nothing; "Pipeline failed while executing [`NVGPUWarpSpecialization`
+    ...]" does). Data from the sandboxed compile: read capped, lines only about the task's own source,
+    scrubbed like every build log."""
+    from tools.build import safe_log
+
+    try:
+        with open(path, "rb") as f:
+            text = f.read(256 * 1024).decode("utf-8", "replace")
+    except OSError:
+        return None, []
+    line_no, out = None, []
+    for raw in text.splitlines():
+        m = _MLIR_DIAG.match(raw.strip())
+        if not m or not _same_file(m.group("file"), Path(src) / file):
+            continue
+        msg = m.group("msg").split(": reproducer generated at")[0].strip()
+        if any(msg.startswith(g) for g in _GENERIC) or not msg:
+            continue
+        line_no = line_no or int(m.group("line"))
+        item = safe_log(f"{m.group('kind')}: {msg}", src)[:400]
+        if item not in out:
+            out.append(item)
+        if len(out) >= MAX_DIAGNOSTICS:
+            break
+    return line_no, out
+
+
+def _same_file(named: str, path: Path) -> bool:
+    try:
+        return Path(named).resolve() == path.resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
 
 
 def _ptxas_log(log: str, kernel: str, label: str) -> str:

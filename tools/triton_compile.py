@@ -19,6 +19,24 @@ import sys
 import traceback
 
 
+@contextlib.contextmanager
+def _fd2_to(path: str):
+    """The process's stderr (fd 2: MLIR's and LLVM's C++ diagnostics, which sys.stderr never sees) into `path`
+    while a job compiles, so each failure keeps its own diagnostics ("Pipeline failed while executing ...")."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "wb") as f:
+            os.dup2(f.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
 def main(request_path: str, out_dir: str) -> int:
     req = json.load(open(request_path))
     os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # Triton prints ptxas -v output: registers, spills per kernel
@@ -44,7 +62,7 @@ def main(request_path: str, out_dir: str) -> int:
             signature.update({k: "constexpr" for k in job["constexprs"]})
             attrs = {(i,): [["tt.divisibility", 16]] for i in job["divisible"]}
             log = io.StringIO()
-            with contextlib.redirect_stdout(log):
+            with contextlib.redirect_stdout(log), _fd2_to(os.path.join(out_dir, f"{job['id']}.stderr")):
                 compiled = triton.compile(ASTSource(fn, signature, job["constexprs"], attrs), target=target,
                                           options={"num_warps": job["num_warps"], "num_stages": job["num_stages"]})
             md = compiled.metadata
