@@ -1,5 +1,9 @@
 """`kloop export`: a run's accepted kernel as a pip-installable `torch.library` op.
 
+A Triton task's package carries the cubins kloop's own sandboxed build makes of the accepted source (with
+the accepted knobs) and the driver launcher the runners use, so the op needs no Triton and launches the
+machine code that build makes; a C++/CUDA task's is built at first import as below.
+
 The package holds the task folder of the branch's tip (the last change the gate accepted), the
 trusted manifest and spec as of the run's base commit, a generated op module, its own test against
 the spec's reference, and the provenance (run, commit, the gate's evidence from the commit's
@@ -130,8 +134,6 @@ def export(target: AuditTarget, out: Path, namespace: str = "kloop", run_dir: Pa
     with tempfile.TemporaryDirectory(prefix="kloop-export-") as tmp:
         base_task = load_task(export_commit(target.repo, target.base, Path(tmp) / "base", target.task_rel))
         best_dir = export_commit(target.repo, tip, Path(tmp) / "best", target.task_rel)
-        if base_task.target == "triton":  # the package builds a C++/CUDA library with torch's extension tooling
-            raise ExportError(f"{base_task.name} is a Triton task: `kloop export` packages CUDA and C++ tasks only (not yet Triton)")
         spec = load_spec(base_task.root / base_task.manifest.spec)
         sig = op_signature(base_task, spec)
         knobs = base_task.knob_settings(best_dir)
@@ -141,6 +143,9 @@ def export(target: AuditTarget, out: Path, namespace: str = "kloop", run_dir: Pa
         pkg = f"kloop_{name}"
         trailers = dict(parse_trailers(accepted[-1].message))  # the tip: the exported commit
         provenance = _provenance(target, run_dir, tip, accepted, trailers, report, knobs, base_task)
+        bundle = _triton_bundle(base_task, best_dir, knobs, Path(tmp) / "build") if base_task.target == "triton" else None
+        if bundle is not None:
+            provenance["built"] = {"compiler": bundle[1], "arch": base_task.manifest.arch}
         files = _render(base_task, sig, pkg, namespace, knobs, provenance)
         out.mkdir(parents=True, exist_ok=True)
         pkg_dir = out / pkg
@@ -152,6 +157,9 @@ def export(target: AuditTarget, out: Path, namespace: str = "kloop", run_dir: Pa
         spec_text = (base_task.root / base_task.manifest.spec).read_text()
         (pkg_dir / "spec.py").write_text(_vendor_spec_imports(spec_text, spec.path))
         shutil.copy2(Path(__file__).parents[1] / "tools" / "spec.py", pkg_dir / "_kloop_spec.py")
+        if bundle is not None:  # the cubins kloop's sandboxed build made of the accepted source, and their launcher
+            shutil.copy2(bundle[0], pkg_dir / TRITON_BUNDLE)
+            shutil.copy2(Path(__file__).parents[1] / "tools" / "triton_launch.py", pkg_dir / "_triton_launch.py")
         for rel, text in files.items():
             path = out / rel
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,6 +167,22 @@ def export(target: AuditTarget, out: Path, namespace: str = "kloop", run_dir: Pa
         (pkg_dir / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
     (pkg_dir / "kernel" / KNOBS_FILE).unlink(missing_ok=True)  # its settings are the defines in _build.py
     return ExportResult(out, pkg, f"torch.ops.{namespace}.{name}", tip, report)
+
+
+TRITON_BUNDLE = "kernel.bundle.json"
+
+
+def _triton_bundle(task: Task, best_dir: Path, knobs: dict, cache: Path) -> tuple[Path, str]:
+    """A Triton task's accepted source built as the gate builds it (the sandboxed ahead-of-time compile, the
+    accepted knobs, the manifest's arch): (the bundle of cubins and launch records, the compiler). The package
+    launches those cubins through the driver (tools/triton_launch.py, vendored): no Triton at run time, the
+    machine code the gate's kind of build makes rather than a re-JIT with whatever Triton the user has."""
+    from tools.build import build
+
+    res = build(task, knobs, src_root=best_dir, cache_dir=cache)
+    if not res.ok or not res.lib:
+        raise ExportError(f"{task.name}: the accepted source does not build here: {res.error_text()[:1500]}")
+    return Path(res.lib), res.compiler
 
 
 def _vendor_spec_imports(text: str, path: Path) -> str:
@@ -207,11 +231,13 @@ def _render(task: Task, sig: OpSignature, pkg: str, namespace: str, knobs: dict,
     ctx = dict(task=task.name, pkg=pkg, namespace=namespace, sig=sig, target=m.target, sources=list(m.sources),
                flags=flags, check_shapes=check_shapes, tolerances=tolerances, provenance=provenance,
                dist=f"kloop-{task.name.replace('_', '-')}", version=f"0.1.0+g{provenance['commit'][:12]}",
-               description=m.description, json=json.dumps, repr=repr)
+               description=m.description, json=json.dumps, repr=repr, bundle=TRITON_BUNDLE,
+               device="cpu" if m.target == "cpu" else "cuda")
     return {
         "pyproject.toml": env.get_template("export_pyproject.toml.j2").render(ctx),
         "README.md": env.get_template("export_README.md.j2").render(ctx),
         f"{pkg}/__init__.py": env.get_template("export_init.py.j2").render(ctx),
-        f"{pkg}/_build.py": env.get_template("export_build.py.j2").render(ctx),
+        f"{pkg}/_build.py": env.get_template("export_build_triton.py.j2" if m.target == "triton"
+                                             else "export_build.py.j2").render(ctx),
         f"tests/test_{task.name}.py": env.get_template("export_test.py.j2").render(ctx),
     }

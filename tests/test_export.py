@@ -99,3 +99,73 @@ def test_op_signature_of_each_shipped_task():
         task = load_task(shipped_tasks_dir() / name)
         sig = op_signature(task, load_spec(task.root / task.manifest.spec))
         assert (sig.inputs, sig.outputs, [d for d, _ in sig.dims]) == (ins, outs, dims), name
+
+
+def test_a_triton_task_exports_its_built_cubins_and_needs_no_triton_to_load(tmp_path):
+    """A Triton task's package: the bundle of cubins kloop's sandboxed build makes of the accepted source with
+    the accepted knobs, kloop's driver launcher vendored, no Triton or kloop import at run time. Without a GPU
+    here the op is registered, its fake traces, and calling it says it needs a CUDA GPU; the package's own test
+    (`tests/`) runs the op against the reference on a GPU."""
+    pytest.importorskip("triton")
+    import git
+    import shutil
+
+    from agent.export import export
+    from agent.gate import GateConfig
+    from agent.reaudit import AuditReport, AuditTarget
+    from tests.test_audit_cmd import _commit
+
+    repo = tmp_path / "repo"
+    (repo / "kernels").mkdir(parents=True)
+    shutil.copytree(ROOT / "kernels" / "rmsnorm_triton", repo / "kernels" / "rmsnorm_triton")
+    r = git.Repo.init(repo, initial_branch="main")
+    r.git.add(A=True)
+    r.index.commit("the shipped task")
+    base = r.head.commit.hexsha
+    r.git.checkout("-b", "kloop/triton-run")
+    (repo / "kernels" / "rmsnorm_triton" / "knobs.toml").write_text("NUM_WARPS = 8\nBLOCK = 2048\n")
+    tip = _commit(r, "Eight warps, 2048-wide blocks", 1)
+    target = AuditTarget(repo=repo, branch="kloop/triton-run", base=base, task_rel="kernels/rmsnorm_triton",
+                         run_id="triton-run", gate_config=GateConfig(), source="branch trailers")
+
+    def no_gpu_audit(t, no_timing=True):
+        return AuditReport(run_id=t.run_id, branch=t.branch, repo=str(t.repo), base=t.base, task_rel=t.task_rel,
+                           source=t.source, upto="audit", not_run="the check needs a CUDA GPU", machine="this CPU box")
+
+    out = tmp_path / "pkg"
+    res = export(target, out, run_audit=no_gpu_audit)
+    assert res.op == "torch.ops.kloop.rmsnorm_triton" and res.commit == tip
+    pkg = out / "kloop_rmsnorm_triton"
+    bundle = json.loads((pkg / "kernel.bundle.json").read_text())
+    assert bundle["format"] == "kloop-triton-1" and bundle["knobs"]["NUM_WARPS"] == 8 and bundle["knobs"]["BLOCK"] == 2048
+    assert bundle["kernels"] and all(k["cubin"] and k["num_warps"] == 8 for k in bundle["kernels"])
+    prov = json.loads((pkg / "provenance.json").read_text())
+    assert prov["built"]["compiler"].startswith("triton ") and prov["built"]["arch"] == "sm_90a"
+    assert "ninja" not in (out / "pyproject.toml").read_text() and "kernel.bundle.json" in (out / "pyproject.toml").read_text()
+
+    site = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--target", str(site), str(out)], capture_output=True, text=True)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    assert (site / "kloop_rmsnorm_triton" / "kernel.bundle.json").is_file()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env.update(PYTHONPATH=str(site), CUDA_VISIBLE_DEVICES="")
+    # Triton blocked as if not installed (torch's own dispatch looks for it and copes when it is absent)
+    probe = ("import sys; sys.modules['triton'] = None\n"
+             "import torch, kloop_rmsnorm_triton as k\n"
+             "try:\n"
+             "    k.op(torch.ones(4, 1024, dtype=torch.bfloat16), torch.ones(4, 1024, dtype=torch.bfloat16), torch.ones(1024, dtype=torch.bfloat16), 4, 1024)\n"
+             "except RuntimeError as e:\n"
+             "    print('refused:', e)\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tools', 'agent') or m.startswith('triton.')))\n"
+             "from torch._subclasses.fake_tensor import FakeTensorMode\n"
+             "with FakeTensorMode():\n"
+             "    x = torch.empty(4, 1024, dtype=torch.bfloat16, device='cuda'); w = torch.empty(1024, dtype=torch.bfloat16, device='cuda')\n"
+             "    h, y = k.op(x, x, w, 4, 1024)\n"
+             "print(tuple(h.shape), h.dtype, tuple(y.shape))\n")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    assert "refused:" in lines[0] and "needs a CUDA GPU" in lines[0], run.stdout
+    assert lines[1] == "[]", run.stdout  # no kloop module loaded, and none needed of Triton
+    assert lines[2].startswith("(4, 1024) torch.bfloat16 (4, 1024)"), run.stdout  # the fake traces
