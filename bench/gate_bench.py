@@ -216,13 +216,14 @@ def main(argv: list[str] | None = None) -> int:
             cases.append((g, delay, pool.submit(built_lib, task, [f"-DKLOOP_TEST_DELAY_NS={delay}"]), fast, n))
     log(f"set-up (builds, calibration) {time.monotonic() - started:.1f} s")
 
+    def weight(label) -> int:  # the A/A case's looks run `n` trials each at a doubling cap: 1 + 2 + 4 ... caps' worth
+        return 2 ** args.looks - 1 if label == "A/A" else 1
+
     rows = []
     try:
         for c, (label, delay_ns, path_a, path_b, n) in enumerate(cases):
             path_a = path_a if isinstance(path_a, str) else path_a.result()
             name = f"gain {label}" if label != "A/A" else "A/A"
-            # the A/A case's looks each run `n` trials at a cap doubling per look: 1 + 2 + 4 ... caps' worth of time
-            weight = (lambda label: (2 ** args.looks - 1) if label == "A/A" else 1)
             budget = 0.0
             if args.budget:  # what is left, shared by the cases to come by their trials x caps, less start-ups
                 starts = sum(args.looks if lb == "A/A" else 1 for lb, *_ in cases[c:])  # a judge start each

@@ -164,10 +164,11 @@ def compiler_diagnostics(path: Path, src: Path, file: str) -> tuple[int | None, 
             text = f.read(256 * 1024).decode("utf-8", "replace")
     except OSError:
         return None, []
+    own = (Path(src) / file).resolve()
     line_no, out = None, []
     for raw in text.splitlines():
         m = _MLIR_DIAG.match(raw.strip())
-        if not m or not _same_file(m.group("file"), Path(src) / file):
+        if not m or not _resolves_to(m.group("file"), own):
             continue
         msg = m.group("msg").split(": reproducer generated at")[0].strip()
         if any(msg.startswith(g) for g in _GENERIC) or not msg:
@@ -181,9 +182,9 @@ def compiler_diagnostics(path: Path, src: Path, file: str) -> tuple[int | None, 
     return line_no, out
 
 
-def _same_file(named: str, path: Path) -> bool:
+def _resolves_to(named: str, resolved: Path) -> bool:
     try:
-        return Path(named).resolve() == path.resolve()
+        return Path(named).resolve() == resolved
     except (OSError, RuntimeError, ValueError):
         return False
 
