@@ -27,7 +27,7 @@ import torch  # imported before any untrusted code loads (and so the library can
 
 from tools.sandbox import harden_process
 from tools.spec import load_spec
-from tools.timing import hold_device
+from tools.timing import CUDA_LIMIT_PERSISTING_L2_CACHE_SIZE, cudart, hold_device
 from tools.triton_launch import TritonModule  # ctypes only: no Triton in a runner
 
 _DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
@@ -46,7 +46,6 @@ class Host:
         self.stream = 0
         self.sets: dict = {}  # key -> (dims, inputs, outputs)
         self.maps: list[mmap.mmap] = []
-        self.flush_buf = None
         self.enqueue_per_call_s = 0.0  # host time to launch one call, seen lately (Triton tasks only)
         self.launch_is_ours = False  # the library is device code launched by kloop (a Triton bundle)
 
@@ -65,7 +64,7 @@ class Host:
 
     # -- requests ----------------------------------------------------------------------------------
     def prepare(self, spec_path: str, device: str) -> dict:
-        """Everything before the library: the device (CUDA context, flush buffer), the trusted spec,
+        """Everything before the library: the device (CUDA context, no persisting L2), the trusted spec,
         then the seccomp lockdown. A pre-started runner (tools/judge_handle.JudgeStandby) does this and
         waits; the library it will load is named only at decision time."""
         if self.spec is not None:
@@ -75,9 +74,6 @@ class Host:
             torch.cuda.set_device(0)
             torch.cuda.init()
             self.stream = torch.cuda.current_stream().cuda_stream
-            props = torch.cuda.get_device_properties(0)
-            l2 = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
-            self.flush_buf = torch.empty(max(256 << 20, 2 * l2), dtype=torch.uint8, device=self.device)
             _no_persisting_l2()  # before the library loads; it cannot raise the limit (cudaDeviceSetLimit: audit)
             _driver_in_global_scope()
         else:
@@ -183,8 +179,10 @@ class Host:
             self.sets.pop(k, None)
         return {}
 
-    def run(self, calls: list, samples: int = 1, timed: bool = False, flush: bool = False, snapshot=None) -> dict:
-        """`samples` times: (flush,) the calls in order; on CUDA each sample timed with events.
+    def run(self, calls: list, samples: int = 1, timed: bool = False, spin: bool = False, snapshot=None) -> dict:
+        """`samples` times: the calls in order; on CUDA each sample timed with events, after a spin that
+        hides the host's enqueue (`spin`: timed samples, not probes). The L2 flush before a timed call is
+        the judge's, from its own context (tools.remote): a runner has none to skip or shorten.
         `snapshot` (CUDA, one call): the key of a bound set whose outputs receive a copy of the call's
         outputs, made on the call's stream right after it (before the device sync), so the judge can see
         whether they changed once the call's stream had finished (work left on another stream)."""
@@ -193,10 +191,8 @@ class Host:
         if snapshot is not None and (not cuda or len(calls) != 1 or samples != 1):
             raise ValueError("a snapshot is taken of one CUDA call")
         for _ in range(samples):
-            if flush:
-                self.flush()
             if cuda and timed:
-                if flush:  # timed samples only: a probe's wall must not carry a spin
+                if spin:  # timed samples only: a probe's wall must not carry a spin
                     hold_device(len(calls), self.enqueue_per_call_s)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -233,11 +229,6 @@ class Host:
                 out["trailing"] = [times[-1][1].elapsed_time(idle) * 1e-3]
         return {"times": [s.elapsed_time(e) * 1e-3 for s, e in times], **out}
 
-    def flush(self) -> dict:
-        if self.device.type == "cuda":
-            flush_l2(self.flush_buf)
-        return {}
-
     def serve(self) -> None:
         while True:
             msg = self.recv()
@@ -255,49 +246,10 @@ class Host:
                            "where": traceback.format_exc(limit=3)[-800:]})
 
 
-def flush_l2(buf) -> None:
-    """The L2 flush before a timed sample. Persisting lines go back to normal first
-    (cudaCtxResetPersistingL2Cache), then writing `buf` (twice the L2) evicts them with everything else:
-    in the other order, lines that a persisting window or an evict_last policy kept through the
-    write would stay in L2, merely demoted, and the next call would still read them from there."""
-    _reset_persisting_l2()
-    if buf is not None:
-        buf.zero_()
-
-
-_CUDART = None
-CUDA_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06  # cudaLimitPersistingL2CacheSize
-
-
-def _cudart():
-    """The CUDA runtime torch loaded (by soname, so the same instance), or None."""
-    global _CUDART
-    if _CUDART is None:
-        _CUDART = False
-        for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):  # torch's soname first
-            try:
-                lib = ctypes.CDLL(name)
-                lib.cudaCtxResetPersistingL2Cache.restype = ctypes.c_int
-                lib.cudaDeviceSetLimit.restype = ctypes.c_int
-                lib.cudaDeviceSetLimit.argtypes = [ctypes.c_int, ctypes.c_size_t]
-                _CUDART = lib
-                break
-            except (OSError, AttributeError):
-                continue
-    return _CUDART or None
-
-
-def _reset_persisting_l2() -> None:
-    """cudaCtxResetPersistingL2Cache: a persisting access window set by the kernel must not survive the flush."""
-    rt = _cudart()
-    if rt is not None:
-        rt.cudaCtxResetPersistingL2Cache()
-
-
 def _no_persisting_l2() -> None:
     """No L2 set aside for persisting accesses (cudaLimitPersistingL2CacheSize = 0): an access policy
     window a kernel passes as a launch attribute (cudaLaunchKernelEx is allowed) has nothing to persist in."""
-    rt = _cudart()
+    rt = cudart()
     if rt is not None:
         rt.cudaDeviceSetLimit(CUDA_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
 

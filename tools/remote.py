@@ -6,8 +6,9 @@ runner counts, the time the runner waited for a core does not (so a loaded machi
 the ratio), and enough calls go in one sample that the runner's message handling is small. The
 judge's wall clock around the same request is kept beside it: CPU time beyond the wall means
 threads working in parallel, and the integrity probes compare both for best and candidate alike. On CUDA events can only
-be recorded in the process that launches, so the runner times with events after its flush; the
-judge's own wall clock around the request bounds that from above, and the integrity probes compare
+be recorded in the process that launches, so the runner times with events, after the judge's flush
+(from the judge's own context: L2 is the device's, so a runner has no flush to skip); the judge's own
+wall clock around the request bounds that from above, and the integrity probes compare
 the judge's wall until idle with the reported time, for best and candidate alike (a runner that
 under-reports shows the difference as work outside the timed region).
 """
@@ -59,7 +60,7 @@ class RemoteLib:
         # (work left on other streams; NaN when the runner did not say)
         self.sample_trails: list[float] = []
         # CUDA: per timed sample, seconds per call of the judge's own wall clock around the request beyond the
-        # times the runner reported (its pipe, flush, spin, sync and wake-up: the same work for any library).
+        # times the runner reported (its pipe, spin, sync and wake-up: the same work for any library).
         # A runner whose events under-report moves exactly this, on a clock it cannot reach
         self.sample_offclock: list[float] = []
         self._idle_from: int | None = None
@@ -164,12 +165,20 @@ class RemoteLib:
             self._pending = (sink, len(sink) - 1, len(keys))
         return t
 
+    def _flush_device(self) -> None:
+        """CUDA: the L2 flush before a timed or probed call, written from the judge's own context (L2 is
+        the device's: the write evicts the runner's lines as well). A flush in the runner was the
+        runner's to skip or shorten, for a warm cache and a shorter request."""
+        self.timer.flush()  # finished before the request goes out: `_settle` follows
+
     def _sample(self, keys: list) -> float:
+        if self.cuda:
+            self._flush_device()
         self._settle()
         self._gap()
         if self.cuda:
             t0 = time.perf_counter()
-            reply = self.runner.request("run", self.call_timeout, calls=list(keys), timed=True, flush=True)
+            reply = self.runner.request("run", self.call_timeout, calls=list(keys), timed=True, spin=True)
             wall = time.perf_counter() - t0
             self._answered()
             t = _seconds(reply.get("times"), 0)
@@ -202,12 +211,12 @@ class RemoteLib:
         device is idle minus its events; on both, the runner's CPU time beyond that wall (other threads
         working) — plus idle_cpu: the runner's CPU time in a short window after it answered (work after
         return, threads left running)."""
+        if self.cuda:
+            self._flush_device()
         self._settle()
         if self.cuda:
-            self._gap()
+            c0 = self._gap()
             self._pending = None
-            self.runner.request("flush", self.call_timeout)
-            c0 = self.runner.cpu_ns()
         else:
             self.timer.flush()  # the runner frozen meanwhile (charged by _gap to the sample it follows)
             c0 = self._gap()

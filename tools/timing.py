@@ -6,6 +6,7 @@ batching that keeps launch jitter out of the timings of very short kernels.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import time
 from typing import Callable
@@ -49,6 +50,47 @@ def hold_device(calls: int, enqueue_per_call_s: float = 0.0) -> None:
         spin(int(hold_seconds(calls, enqueue_per_call_s) * SPIN_HZ))
 
 
+def flush_l2(buf) -> None:
+    """The L2 flush before a timed sample. Persisting lines go back to normal first
+    (cudaCtxResetPersistingL2Cache), then writing `buf` (twice the L2) evicts them with everything else:
+    in the other order, lines that a persisting window or an evict_last policy kept through the
+    write would stay in L2, merely demoted, and the next call would still read them from there.
+    The judge flushes from its own context: L2 is the device's, shared by every context on it, so the
+    write evicts the runner's lines too (`tests/gpu/test_device_buffers_gpu.py`), and a runner cannot skip it."""
+    _reset_persisting_l2()
+    if buf is not None:
+        buf.zero_()
+
+
+_CUDART = None
+CUDA_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06  # cudaLimitPersistingL2CacheSize
+
+
+def cudart():
+    """The CUDA runtime torch loaded (by soname, so the same instance), or None."""
+    global _CUDART
+    if _CUDART is None:
+        _CUDART = False
+        for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):  # torch's soname first
+            try:
+                lib = ctypes.CDLL(name)
+                lib.cudaCtxResetPersistingL2Cache.restype = ctypes.c_int
+                lib.cudaDeviceSetLimit.restype = ctypes.c_int
+                lib.cudaDeviceSetLimit.argtypes = [ctypes.c_int, ctypes.c_size_t]
+                _CUDART = lib
+                break
+            except (OSError, AttributeError):
+                continue
+    return _CUDART or None
+
+
+def _reset_persisting_l2() -> None:
+    """cudaCtxResetPersistingL2Cache: lines a persisting access window kept go back to normal before the write."""
+    rt = cudart()
+    if rt is not None:
+        rt.cudaCtxResetPersistingL2Cache()
+
+
 class Timer:
     """Times batches of calls on one device, the cache cold before each sample."""
 
@@ -60,14 +102,17 @@ class Timer:
             self.cache_bytes = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
         else:
             self.cache_bytes = CPU_CACHE_BYTES
-        self._flush = None  # allocated on first use (a judge timing CUDA runners never flushes itself)
+        self._flush = None  # allocated on first use
 
     def flush(self) -> None:
         if self._flush is None:
             # writing twice the cache evicts whatever the previous call left there
             size = max(256 << 20, 2 * self.cache_bytes) if self.cuda else 2 * self.cache_bytes
             self._flush = torch.empty(size, dtype=torch.uint8, device=self.device)
-        self._flush.zero_()
+        if self.cuda:
+            flush_l2(self._flush)
+        else:
+            self._flush.zero_()
 
     def run(self, calls: list[Callable[[], None]], flush: bool = True) -> list[float]:
         """Seconds taken by each call, in order, each after an L2 flush."""
