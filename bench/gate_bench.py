@@ -132,7 +132,8 @@ def under_report_catches(gate: Gate, trials: list[dict]) -> dict:
 
     rows = [t for t in trials if all(isinstance(t.get(k), (int, float)) and math.isfinite(t[k])
                                      for k in ("offclock_a", "offclock_b", "offclock_a_se", "time_a", "time_b"))]
-    out = {"trials": len(rows), "flagged_unshifted": 0, "caught": {str(u): 0 for u in UNDER_REPORTS}, "apart_rel": []}
+    out = {"trials": len(rows), "flagged_unshifted": 0, "caught": {str(u): 0 for u in UNDER_REPORTS}, "apart_rel": [],
+           "offclock_us": sorted(round(t[k] * 1e6, 1) for t in rows for k in ("offclock_a", "offclock_b"))}
     for t in rows:
         s = ShapeAB(shape="x", weight=1.0, pairs=0, speedup=1.0, speedup_lo=1.0, speedup_hi=1.0,
                     time_a=t["time_a"], time_b=t["time_b"],
@@ -312,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             apart = sorted(abs(x) for x in ur["apart_rel"])
             print(f"{r['case']}: the judge's clock beyond the reported times, candidate vs best: at most "
                   f"{100 * apart[-1]:.2f}% of the best's time apart (median {100 * apart[len(apart) // 2]:.2f}%), "
-                  f"flagged {ur['flagged_unshifted']} of {ur['trials']}; a runner under-reporting by "
+                  f"flagged {ur['flagged_unshifted']} of {ur['trials']} (each side's lower quartile "
+                  f"{ur['offclock_us'][0]:.0f}-{ur['offclock_us'][-1]:.0f} us a call); a runner under-reporting by "
                   + ", ".join(f"{100 * float(u):g}% caught {c} of {ur['trials']}" for u, c in ur["caught"].items()))
         lk = r.get("looks")
         if lk:
