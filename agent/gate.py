@@ -78,10 +78,11 @@ class GateConfig(BaseModel):
     # whose host code could make the runner's events lie): the candidate's lower quartile per call may differ
     # from the best's, either way, by a few robust standard errors of the best's plus a floor. More: its
     # events under-report; less: its runner skipped work every runner does in a request. A coarse bound: that
-    # time is ~0.45-0.6 ms a request (the runner's Python, the pipe, flush, spin and sync) and two runners
-    # of one build read up to 115 us apart (H100, 57 A/A decisions, 2026-12-07), so the floor is 150 us a
-    # sample and a quarter of the call: a runner reporting half its time was caught in 44 of those 57 decisions
-    # replayed as its (bench/gate_bench.py), one reporting 95% in none
+    # time is ~0.37-0.56 ms a request (the runner's Python, the pipe, spin and syncs; 0.44-0.62 while the
+    # flush was the runner's) and two runners of one build read up to 115 us apart (H100, 57 A/A decisions,
+    # 2026-12-07), so the floor is 150 us a sample and a quarter of the call: a runner reporting half its time
+    # was caught in 44 of those 57 decisions replayed as its (bench/gate_bench.py; 27 of 57 with the judge's
+    # flush), one reporting 95% in none
     offclock_rel_floor: float = 0.25
     offclock_abs_floor_s: float = 150e-6  # per sample
     # a cold probe's own call, which no sample charges: the candidate's mean over its probes may reach

@@ -152,7 +152,7 @@ class ShapeAB(BaseModel):
     trail_a_se: float | None = None
     trail_samples: int = 0
     # CUDA: seconds per call of the judge's own wall clock around each timed request beyond the times the
-    # runner reported (pipe, flush, spin, sync: the same for any library), the lower quartile over every timed
+    # runner reported (pipe, spin, syncs: the same for any library; the flush before it is the judge's), the lower quartile over every timed
     # sample of each side and the robust standard error of the best's. A runner whose events under-report
     # shows here, on a clock it cannot reach. None: not a CUDA timing; NaN: not measured
     offclock_a: float | None = None
