@@ -56,7 +56,7 @@ def flush_l2(buf) -> None:
     in the other order, lines that a persisting window or an evict_last policy kept through the
     write would stay in L2, merely demoted, and the next call would still read them from there.
     The judge flushes from its own context: L2 is the device's, shared by every context on it, so the
-    write evicts the runner's lines too (`tests/gpu/test_device_buffers_gpu.py`), and a runner cannot skip it."""
+    write evicts the runner's lines too (`tests/gpu/test_cheats_cuda.py`, the L2 probes), and a runner cannot skip it."""
     _reset_persisting_l2()
     if buf is not None:
         buf.zero_()
