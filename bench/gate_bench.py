@@ -102,7 +102,10 @@ def run_trials(gate: Gate, slot: StandbySlot, shape: str, path_a: str, path_b: s
                     # CUDA: the judge's wall per call beyond the reported times (lower quartiles, best's spread)
                     **{k: getattr(ab.shapes[0], k, None) if ab.shapes else None
                        for k in ("offclock_a", "offclock_b", "offclock_a_se", "trail_a", "trail_b", "trail_a_se",
-                                 "calls_per_sample")}})
+                                 "calls_per_sample",
+                                 # the probes' work outside the timed region (the escape bound's figures): kept so
+                                 # its false flags (per-runner host offsets) can be studied on recorded decisions
+                                 "extra_a", "extra_b", "extra_a_se")}})
         log(f"{label} trial {i + 1}/{n}: {'ACCEPT' if v.accepted else 'reject'} x{v.speedup:.4f} "
             f"[{v.speedup_lo:.4f}, {v.speedup_hi:.4f}] {ab.passes} passes {ab.pairs} pairs {ab.timing_seconds:.2f} s "
             f"({ab.stopped_because})")
