@@ -60,7 +60,12 @@ def test_reference_matches_direct_fp64(spec, causal, head_dim):
     ref = spec.reference(shape, inputs)
     o64, lse64 = _direct(inputs["q"], inputs["k"], inputs["v"], causal, 1 / math.sqrt(head_dim))
     assert ref["o"].shape == o64.shape and ref["lse"].shape == lse64.shape
-    torch.testing.assert_close(ref["o"].double(), o64, atol=1e-5, rtol=1e-5)
+    # fp32 is the reference's precision, and the planted rows' scores reach ~240 (LARGE_SCORE_STD, RAMP_SCORE):
+    # one fp32 rounding of such a score is ~1.4e-5, a 64-term dot product several of them, and each moves
+    # a probability by as much. 1.3e-5 here usually; 5.9e-5 once, in a run beside a CPU hog (not reproduced
+    # alone: most likely another summation order in the BLAS). 2e-4 is what fp32 can promise here, still
+    # 100x below the task's tolerance (atol 2e-2)
+    torch.testing.assert_close(ref["o"].double(), o64, atol=2e-4, rtol=1e-5)
     torch.testing.assert_close(ref["lse"].double(), lse64, atol=1e-5, rtol=1e-5)
 
 
