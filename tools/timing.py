@@ -58,8 +58,7 @@ def flush_l2(buf) -> None:
     The judge flushes from its own context: L2 is the device's, shared by every context on it, so the
     write evicts the runner's lines too (`tests/gpu/test_cheats_cuda.py`, the L2 probes), and a runner cannot skip it."""
     _reset_persisting_l2()
-    if buf is not None:
-        buf.zero_()
+    buf.zero_()
 
 
 _CUDART = None
