@@ -104,6 +104,9 @@ class GateConfig(BaseModel):
     # level is the look's alpha. 0.10, not 0.05: over per-pass sums a 2-core CPU box gives a clear x1.7
     # as [1.62, 1.89] (half-width 0.076) in 4 s, which decides nothing that a narrower one would not.
     noisy_halfwidth: float = 0.10
+    # CPU tasks: both samples of each timed pair pinned to the CPU the judge's thread is on (tools/placement.py);
+    # "off" leaves them to the scheduler (only to measure what placement does: bench/placement_ab.py)
+    cpu_placement: Literal["current", "off"] = "current"
     # the best's time now over its time when it was accepted, beyond which nothing is decided
     best_slowdown_limit: float = 2.5
     # refuse to run where the host cannot sandbox untrusted code (tools/sandbox.py status())
@@ -514,6 +517,7 @@ class Gate:
             seed=seed, max_seconds=max_seconds or self.config.max_seconds, min_pairs=rules.min_pairs,
             target_halfwidth=rules.target_halfwidth, noisy_halfwidth=rules.noisy_halfwidth, alpha=rules.alpha,
             look=look, min_gain=rules.min_gain, allowances=rules.allowances, weights={s.name: s.weight for s in shapes},
+            cpu_placement=self.config.cpu_placement,
         )
 
     def judge(self, ab: ABReport, **evidence) -> Verdict:

@@ -72,6 +72,17 @@ def classify(case: str, v) -> str | None:
     return "true gain rejected"  # 'not measurably faster' on a x2: the gate is blind
 
 
+def pass_ratios(ab) -> list[float]:
+    """Per pass, the best's workload time over the candidate's (what the verdict's estimate sums): a steady
+    offset from the first pass on, or a transient in a few, reads here."""
+    if ab is None or not ab.shapes:
+        return []
+    n = min(min(len(s.pass_a), len(s.pass_b)) for s in ab.shapes)
+    wa = [sum(s.weight * s.pass_a[i] for s in ab.shapes) for i in range(n)]
+    wb = [sum(s.weight * s.pass_b[i] for s in ab.shapes) for i in range(n)]
+    return [round(a / b, 4) for a, b in zip(wa, wb)]
+
+
 def _spin() -> None:
     while True:
         pass
@@ -116,7 +127,8 @@ def _trials(args) -> int:
             v = gate.decide(cand, best, check=None, check_seed=0)
             bad = classify(case, v)
             rows.append({"case": case, "accepted": v.accepted, "stage": v.stage, "speedup": v.speedup,
-                         "lo": v.speedup_lo, "hi": v.speedup_hi, "seconds": v.seconds, "reason": v.reason, "failure": bad})
+                         "lo": v.speedup_lo, "hi": v.speedup_hi, "seconds": v.seconds, "reason": v.reason, "failure": bad,
+                         "pass_ratios": pass_ratios(v.ab), "placed_from_cpus": v.ab.placed_from_cpus if v.ab else None})
             print(f"{case:<4} trial {i + 1}/{len(cases)}: {'ACCEPT' if v.accepted else 'reject'} at {v.stage} "
                   f"{'FAIL (' + bad + ')' if bad else 'ok'}: {v.reason[:300]}", flush=True)
             if bad:

@@ -427,6 +427,9 @@ def test_work_in_the_window_between_calls_is_charged(gate, honest, tmp_path):
     assert v.ab is not None, v.summary()
     assert v.ab.measure == "cpu" and v.ab.cpu_in_samples_b > 0, v.ab
     assert abs(v.ab.cpu_unattributed_b) < 1e-3 * v.ab.cpu_in_samples_b, v.ab
+    # each pair's two samples on one CPU drawn for it (tools/placement.py), wherever there is more than one
+    cpus = len(os.sched_getaffinity(0))
+    assert (v.ab.placed_from_cpus, v.ab.placement_error) == (cpus if cpus > 1 else 0, None), v.ab
     # what is left is work moved between calls (the helper computes the next sets beside this call): the
     # per-pair trimmed mean (7546d11's statistic) read x2.23 [1.24, 4.01] on this branch before the
     # workload ratio landed (2-core box, under load); the ratio of workload times sees the summed CPU

@@ -25,6 +25,7 @@ from tools.task import Task
 from tools.bench import make_sets
 from tools.check import compare, describe_error, differing_elements, passes_clearly, poison, refill
 from tools.draws import SecretDraws
+from tools.placement import Placement
 from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
 from tools.protocol import WorkerRequest
@@ -89,13 +90,19 @@ def criterion_of(report: ABReport, rules: DecisionRules) -> PassCriterion:
 
 def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed: int, device: torch.device,
                   max_seconds: float, rules: DecisionRules, weights: dict[str, float], arena=None,
-                  look: int = 1) -> ABReport:
+                  look: int = 1, placement: str = "current") -> ABReport:
     """`lib_a`, `lib_b`: tools.remote.RemoteLib handles on the best's and the candidate's runners;
-    `rules`: the decision's (decision_rules of the gate's request), `look`: which timed look at this best."""
+    `rules`: the decision's (decision_rules of the gate's request), `look`: which timed look at this best;
+    `placement`: CPU tasks, "current" (tools/placement.py) or "off"."""
     draws = SecretDraws(seed, device, "timing")  # every set's values unpredictable from the sets before it
     rng = random.Random(seed ^ 0x5EED)
     timer = lib_a.timer
     share = arena.share_dict if arena is not None else (lambda d, inputs=False: d)
+
+    # CPU tasks: each pair's two samples on the CPU the judge's thread is on (tools/placement.py; its own
+    # generator where it must draw: the draws of sets and orders stay what they were)
+    place = (Placement([lib_a.runner, lib_b.runner], lib_a.threads, random.Random(seed ^ 0xC7))
+             if device.type == "cpu" and placement != "off" else None)
 
     states = []
     for name in shapes:
@@ -133,7 +140,7 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
     spent: dict[str, float] = {}
     while True:
         for st in states:
-            one_pass(spec, task, st, draws, rng, lib_a, lib_b, share, spent)
+            one_pass(spec, task, st, draws, rng, lib_a, lib_b, share, spent, place)
         crit.add_measurement({st.name: st.pass_sums[-1] for st in states})
         if any(st.problem for st in states):
             stopped = "wrong timed outputs"
@@ -152,7 +159,9 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
     total = crit.estimate()
     report = ABReport(pairs=sum(crit.pairs.values()), timing_seconds=round(timing_seconds, 3), stopped_because=stopped,
                       passes=crit.passes, look=look, alpha=rules.alpha,
-                      pass_seconds={k: round(v, 4) for k, v in spent.items()})
+                      pass_seconds={k: round(v, 4) for k, v in spent.items()},
+                      placed_from_cpus=len(place.home) if place is not None and place.pinned else 0,
+                      placement_error=place.error if place is not None else None)
     for st in states:
         est = crit.shape_estimate(st.name)
         slo, shi = est.interval(rules.alpha)
@@ -222,10 +231,11 @@ def _add_set(spec: Spec, st: _Shape, inputs: dict, share, lib_a, lib_b) -> None:
 
 
 def one_pass(spec: Spec, task: Task, st: _Shape, draws: SecretDraws, rng: random.Random, lib_a, lib_b, share,
-             spent: dict[str, float] | None = None) -> None:
+             spent: dict[str, float] | None = None, place: Placement | None = None) -> None:
     """Fresh values and poison; every set called once per side in pairs; a random re-check of those calls;
     probes on fresh values, their output checked too. `spent`: wall seconds per part of the pass, added
-    to (where a decision's seconds go beyond the timed calls)."""
+    to (where a decision's seconds go beyond the timed calls). `place`: CPU tasks, both sides of each pair
+    (and of each probe pair) pinned to CPUs drawn for it."""
     spent = {} if spent is None else spent
     mark = time.monotonic()
 
@@ -245,14 +255,20 @@ def one_pass(spec: Spec, task: Task, st: _Shape, draws: SecretDraws, rng: random
     trail0 = {"a": len(lib_a.sample_trails), "b": len(lib_b.sample_trails)}
     off0 = {"a": len(lib_a.sample_offclock), "b": len(lib_b.sample_offclock)}
     first = len(st.ta)
-    for p in range(pairs):
-        keys = [st.key(i) for i in order[p * st.k:(p + 1) * st.k]]
-        if rng.random() < 0.5:
-            lib_b.sample(keys, st.tb)
-            lib_a.sample(keys, st.ta)
-        else:
-            lib_a.sample(keys, st.ta)
-            lib_b.sample(keys, st.tb)
+    try:
+        for p in range(pairs):
+            keys = [st.key(i) for i in order[p * st.k:(p + 1) * st.k]]
+            if place is not None:
+                place.draw()
+            if rng.random() < 0.5:
+                lib_b.sample(keys, st.tb)
+                lib_a.sample(keys, st.ta)
+            else:
+                lib_a.sample(keys, st.ta)
+                lib_b.sample(keys, st.tb)
+    finally:
+        if place is not None:  # the judge's thread back on its CPUs, whatever happened
+            place.release()
     # CPU a runner used after answering is charged to its sample: settle the last ones now
     lib_a._gap()
     lib_b._gap()
@@ -283,21 +299,27 @@ def one_pass(spec: Spec, task: Task, st: _Shape, draws: SecretDraws, rng: random
     # the idle window scales with the best's call time (same window for both): work handed to a thread
     # after return shows up in it whole
     idle_s = min(0.05, max(2e-3, 2 * _median(st.ta[-pairs:])))
-    for _ in range(PROBES_PER_PASS):
-        fresh_values(spec, st, probe_set, draws, share, lib_a, lib_b)
-        for which in (["b", "a"] if rng.random() < 0.5 else ["a", "b"]):
-            lib = lib_a if which == "a" else lib_b
-            snap = st.snapshots.get(which)
-            if snap is not None:
-                # the probe set's outputs may have been drawn anew in another shape (fresh_values)
-                snap = _snapshot_like(st, which, st.sets[probe_set][1 if which == "a" else 2], share, lib)
-                poison(snap)
-            into = {"snapshot": st.snapshot_key} if snap is not None else {}
-            st.probes[which].append(lib.probe(st.key(probe_set), idle_s, **into))
-            if snap is not None and which == "b":  # the best copies too, so that both probes carry the same copy
-                problem = unfinished_outputs(snap, st.sets[probe_set][2])
-                if problem and st.problem is None:
-                    st.problem = f"pass {st.passes}, probe of set {probe_set}: {problem}"
+    try:
+        for _ in range(PROBES_PER_PASS):
+            fresh_values(spec, st, probe_set, draws, share, lib_a, lib_b)
+            if place is not None:  # the probes compare the two sides too: on the same CPUs
+                place.draw()
+            for which in (["b", "a"] if rng.random() < 0.5 else ["a", "b"]):
+                lib = lib_a if which == "a" else lib_b
+                snap = st.snapshots.get(which)
+                if snap is not None:
+                    # the probe set's outputs may have been drawn anew in another shape (fresh_values)
+                    snap = _snapshot_like(st, which, st.sets[probe_set][1 if which == "a" else 2], share, lib)
+                    poison(snap)
+                into = {"snapshot": st.snapshot_key} if snap is not None else {}
+                st.probes[which].append(lib.probe(st.key(probe_set), idle_s, **into))
+                if snap is not None and which == "b":  # the best copies too, so that both probes carry the same copy
+                    problem = unfinished_outputs(snap, st.sets[probe_set][2])
+                    if problem and st.problem is None:
+                        st.problem = f"pass {st.passes}, probe of set {probe_set}: {problem}"
+    finally:
+        if place is not None:
+            place.release()
     # the last probe's output (one reference more per pass: for attention shapes a reference is dear)
     _recheck(task, spec, st, probe_set, f"pass {st.passes}, probe of set {probe_set}")
     book("probes")

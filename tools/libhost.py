@@ -11,6 +11,14 @@ line on a dedicated pipe (never the library's stdout), echoing the request's non
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # a runner: no capability from here on, before torch starts any thread. Capabilities belong to threads,
+    # and harden_process() after the import dropped only the main thread's: a thread torch had started kept
+    # CAP_SYS_ADMIN where the judge held it (the judge could then not even pin it: tools/placement.py)
+    from tools.sandbox import drop_capabilities
+
+    drop_capabilities()
+
 import ctypes
 import json
 import mmap
@@ -25,7 +33,7 @@ import warnings
 
 import torch  # imported before any untrusted code loads (and so the library cannot race it)
 
-from tools.sandbox import harden_process
+from tools.sandbox import harden_process, threads_with_capabilities
 from tools.spec import load_spec
 from tools.timing import CUDA_LIMIT_PERSISTING_L2_CACHE_SIZE, cudart, hold_device
 from tools.triton_launch import TritonModule  # ctypes only: no Triton in a runner
@@ -80,6 +88,9 @@ class Host:
             torch.set_num_threads(1)
         self.spec = load_spec(spec_path)
         harden_process()  # not dumpable, no capabilities: the other runner and the judge stay out of reach
+        kept = threads_with_capabilities()
+        if kept:
+            raise RuntimeError(f"runner threads kept capabilities after dropping them: {'; '.join(kept)}")
         _lockdown(self.device.type == "cuda")
         return {}
 
@@ -272,7 +283,8 @@ def _lockdown(cuda: bool = False) -> None:
     from tools.sandbox import lockdown, lockdown_requested
 
     if lockdown_requested():
-        lockdown(allow_unix_sockets=cuda)  # the CUDA driver's IPC may use unix sockets
+        # the CUDA driver's IPC may use unix sockets; a CPU runner's CPUs are the judge's to choose (tools/placement.py)
+        lockdown(allow_unix_sockets=cuda, own_placement=cuda)
 
 
 def _read_exact(f, n: int):

@@ -186,6 +186,10 @@ class ABReport(BaseModel):
     # how the runners' time was read (tools/remote.py): "cpu" (the runner's CPU clock), "wall" (CPU tasks
     # whose manifest allows threads: the judge's wall clock around each request) or "events" (CUDA)
     measure: str = ""
+    # CPU tasks: how many CPUs the judge drew each pair's from (tools/placement.py: both sides of a pair on the
+    # same CPUs); 0 where nothing was drawn (CUDA, or no more CPUs than a side's threads)
+    placed_from_cpus: int = 0
+    placement_error: str | None = None  # where the host refused the pinning (the decision went on unplaced)
     # the candidate's runner, CPU seconds: inside timed requests, and in no request at all (after an
     # answer, before the next request: frozen runners use ~none; it is charged to a sample all the same)
     cpu_in_samples_b: float | None = None
@@ -232,6 +236,7 @@ class WorkerRequest(BaseModel):
     min_pairs: int = 20
     target_halfwidth: float = 0.004  # ab: stop once the log-speedup interval is this tight
     noisy_halfwidth: float = 0.10  # ab: an interval wider than this (half, in log) decides nothing (GateConfig)
+    cpu_placement: Literal["current", "off"] = "current"  # ab, CPU tasks: tools/placement.py (GateConfig)
     alpha: float = 0.0061  # ab: the one-sided level of this look (the gate's spent budget, tools/stats.look_alpha)
     look: int = 1  # ab: which timed look at this best (recorded in the report)
     min_gain: float = 0.01

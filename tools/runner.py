@@ -279,6 +279,17 @@ class Runner:
                 pass
         return total
 
+    def pin(self, cpus) -> None:
+        """Every thread of the runner onto `cpus` (tools/placement.py). Threads it starts later inherit
+        the mask; it cannot change it itself (sched_setaffinity is denied in runners). A thread that
+        exits meanwhile is skipped; any other refusal raises OSError."""
+        base = f"/proc/{self.pid}/task"
+        for tid in os.listdir(base):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except ProcessLookupError:
+                pass
+
     def threads(self) -> int:
         try:
             return len(os.listdir(f"/proc/{self.pid}/task"))

@@ -354,14 +354,16 @@ AF_UNIX = 1
 PR_SET_DUMPABLE = 4
 
 
-def lockdown(*, allow_unix_sockets: bool = False) -> None:
+def lockdown(*, allow_unix_sockets: bool = False, own_placement: bool = True) -> None:
     """Install the seccomp filter on every thread of this process (irreversible).
 
     Called in a runner after torch is imported and before the candidate's library is loaded. Denies
     exec, fork and clone without CLONE_THREAD (threads stay allowed), ptrace and process_vm_*,
     sockets (AF_UNIX too unless `allow_unix_sockets`), mounts and namespaces, keyrings, modules,
     bpf, io_uring, userfaultfd, perf events. clone3 answers ENOSYS so glibc falls back to clone,
-    whose flags the filter can see. Raises SandboxUnavailable when libseccomp is missing."""
+    whose flags the filter can see. `own_placement=False`: sched_setaffinity denied even on this
+    process (a CPU runner: the judge pins it per timed pair, tools/placement.py, and a runner that
+    moved itself to the faster CPU would undo that). Raises SandboxUnavailable when libseccomp is missing."""
     try:
         import pyseccomp as sc
     except ImportError as exc:
@@ -380,7 +382,10 @@ def lockdown(*, allow_unix_sockets: bool = False) -> None:
     for name in SIGNALS_TO_SELF_ONLY:
         _add(f, eperm, name, sc.Arg(0, sc.NE, os.getpid()))
     for name in PID_ZERO_ONLY:
-        _add(f, eperm, name, sc.Arg(0, sc.NE, 0))
+        if name == "sched_setaffinity" and not own_placement:
+            _add(f, eperm, name)
+        else:
+            _add(f, eperm, name, sc.Arg(0, sc.NE, 0))
     for name, which in SELF_ONLY_BY_WHO.items():
         _add(f, eperm, name, sc.Arg(0, sc.NE, which))
         _add(f, eperm, name, sc.Arg(1, sc.NE, 0))
@@ -415,12 +420,25 @@ def harden_process() -> None:
     without capabilities (a runner started as root keeps none: no CAP_SYS_PTRACE to reach the
     others, no CAP_DAC_OVERRIDE to open a read-only input for writing, no CAP_SYS_ADMIN for
     `/proc/self/map_files`). Called by runners before the library loads and by the judge (CPU and
-    CUDA tasks); lockdown() then forbids making the process dumpable again."""
+    CUDA tasks); lockdown() then forbids making the process dumpable again.
+
+    Capabilities belong to threads: this drops the calling thread's. A runner drops them before it
+    imports anything that starts threads (`drop_capabilities` at the top of tools/libhost.py), and
+    `threads_with_capabilities` says whether any thread still has some."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+    drop_capabilities()
+
+
+def drop_capabilities() -> None:
+    """Every capability of the calling thread (effective, permitted, inheritable) dropped; threads it
+    starts afterwards inherit none. Called first thing in a runner, while it has a single thread."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
 
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -431,6 +449,21 @@ def harden_process() -> None:
     header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3, all zero
     if libc.capset(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "capset (dropping every capability) failed")
+
+
+def threads_with_capabilities(pid: int | str = "self") -> list[str]:
+    """Threads of `pid` whose effective or permitted capability set is not empty, as 'tid (name): CapEff/CapPrm'."""
+    found = []
+    base = Path(f"/proc/{pid}/task")
+    for tid in sorted(os.listdir(base)):
+        try:
+            fields = dict(line.split(":\t", 1) for line in (base / tid / "status").read_text().splitlines() if ":\t" in line)
+        except OSError:  # the thread exited
+            continue
+        eff, prm = fields.get("CapEff", "0").strip(), fields.get("CapPrm", "0").strip()
+        if int(eff, 16) or int(prm, 16):
+            found.append(f"{tid} ({fields.get('Name', '?').strip()}): CapEff {eff}, CapPrm {prm}")
+    return found
 
 
 def lockdown_requested(environ: Mapping[str, str] | None = None) -> bool:
