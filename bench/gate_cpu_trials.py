@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=4.0, help="timing cap per decision (MIN_PASSES must fit in it)")
     ap.add_argument("--hog", type=int, default=0, help="busy-looping processes beside the trials")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--placement", default="current", help="GateConfig.cpu_placement (tools/placement.py)")
     args = ap.parse_args(argv)
 
     hogs = start_hogs(args.hog)
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _trials(args) -> int:
     started = time.monotonic()
-    gate = Gate(TASK, "kernels/matmul_cpu", GateConfig(max_seconds=args.max_seconds))
+    gate = Gate(TASK, "kernels/matmul_cpu", GateConfig(max_seconds=args.max_seconds, cpu_placement=args.placement))
     with tempfile.TemporaryDirectory(prefix="kloop-trials-") as tmp:
         src = repeat_source(Path(tmp))
         once = built(gate.task, src, ["-DKLOOP_TEST_REPEAT=1"])

@@ -427,7 +427,7 @@ def test_work_in_the_window_between_calls_is_charged(gate, honest, tmp_path):
     assert v.ab is not None, v.summary()
     assert v.ab.measure == "cpu" and v.ab.cpu_in_samples_b > 0, v.ab
     assert abs(v.ab.cpu_unattributed_b) < 1e-3 * v.ab.cpu_in_samples_b, v.ab
-    # each pair's two samples on one CPU drawn for it (tools/placement.py), wherever there is more than one
+    # each pair's two samples on the judge's CPU (tools/placement.py), wherever there is more than one
     cpus = len(os.sched_getaffinity(0))
     assert (v.ab.placed_from_cpus, v.ab.placement_error) == (cpus if cpus > 1 else 0, None), v.ab
     # what is left is work moved between calls (the helper computes the next sets beside this call): the

@@ -235,7 +235,7 @@ def one_pass(spec: Spec, task: Task, st: _Shape, draws: SecretDraws, rng: random
     """Fresh values and poison; every set called once per side in pairs; a random re-check of those calls;
     probes on fresh values, their output checked too. `spent`: wall seconds per part of the pass, added
     to (where a decision's seconds go beyond the timed calls). `place`: CPU tasks, both sides of each pair
-    (and of each probe pair) pinned to CPUs drawn for it."""
+    (and of each probe pair) pinned to the judge's CPU (tools/placement.py)."""
     spent = {} if spent is None else spent
     mark = time.monotonic()
 
@@ -255,20 +255,16 @@ def one_pass(spec: Spec, task: Task, st: _Shape, draws: SecretDraws, rng: random
     trail0 = {"a": len(lib_a.sample_trails), "b": len(lib_b.sample_trails)}
     off0 = {"a": len(lib_a.sample_offclock), "b": len(lib_b.sample_offclock)}
     first = len(st.ta)
-    try:
-        for p in range(pairs):
-            keys = [st.key(i) for i in order[p * st.k:(p + 1) * st.k]]
-            if place is not None:
-                place.draw()
-            if rng.random() < 0.5:
-                lib_b.sample(keys, st.tb)
-                lib_a.sample(keys, st.ta)
-            else:
-                lib_a.sample(keys, st.ta)
-                lib_b.sample(keys, st.tb)
-    finally:
-        if place is not None:  # the judge's thread back on its CPUs, whatever happened
-            place.release()
+    for p in range(pairs):
+        keys = [st.key(i) for i in order[p * st.k:(p + 1) * st.k]]
+        if place is not None:
+            place.draw()
+        if rng.random() < 0.5:
+            lib_b.sample(keys, st.tb)
+            lib_a.sample(keys, st.ta)
+        else:
+            lib_a.sample(keys, st.ta)
+            lib_b.sample(keys, st.tb)
     # CPU a runner used after answering is charged to its sample: settle the last ones now
     lib_a._gap()
     lib_b._gap()
@@ -299,27 +295,23 @@ def one_pass(spec: Spec, task: Task, st: _Shape, draws: SecretDraws, rng: random
     # the idle window scales with the best's call time (same window for both): work handed to a thread
     # after return shows up in it whole
     idle_s = min(0.05, max(2e-3, 2 * _median(st.ta[-pairs:])))
-    try:
-        for _ in range(PROBES_PER_PASS):
-            fresh_values(spec, st, probe_set, draws, share, lib_a, lib_b)
-            if place is not None:  # the probes compare the two sides too: on the same CPUs
-                place.draw()
-            for which in (["b", "a"] if rng.random() < 0.5 else ["a", "b"]):
-                lib = lib_a if which == "a" else lib_b
-                snap = st.snapshots.get(which)
-                if snap is not None:
-                    # the probe set's outputs may have been drawn anew in another shape (fresh_values)
-                    snap = _snapshot_like(st, which, st.sets[probe_set][1 if which == "a" else 2], share, lib)
-                    poison(snap)
-                into = {"snapshot": st.snapshot_key} if snap is not None else {}
-                st.probes[which].append(lib.probe(st.key(probe_set), idle_s, **into))
-                if snap is not None and which == "b":  # the best copies too, so that both probes carry the same copy
-                    problem = unfinished_outputs(snap, st.sets[probe_set][2])
-                    if problem and st.problem is None:
-                        st.problem = f"pass {st.passes}, probe of set {probe_set}: {problem}"
-    finally:
-        if place is not None:
-            place.release()
+    for _ in range(PROBES_PER_PASS):
+        fresh_values(spec, st, probe_set, draws, share, lib_a, lib_b)
+        if place is not None:  # the probes compare the two sides too: on the same CPUs
+            place.draw()
+        for which in (["b", "a"] if rng.random() < 0.5 else ["a", "b"]):
+            lib = lib_a if which == "a" else lib_b
+            snap = st.snapshots.get(which)
+            if snap is not None:
+                # the probe set's outputs may have been drawn anew in another shape (fresh_values)
+                snap = _snapshot_like(st, which, st.sets[probe_set][1 if which == "a" else 2], share, lib)
+                poison(snap)
+            into = {"snapshot": st.snapshot_key} if snap is not None else {}
+            st.probes[which].append(lib.probe(st.key(probe_set), idle_s, **into))
+            if snap is not None and which == "b":  # the best copies too, so that both probes carry the same copy
+                problem = unfinished_outputs(snap, st.sets[probe_set][2])
+                if problem and st.problem is None:
+                    st.problem = f"pass {st.passes}, probe of set {probe_set}: {problem}"
     # the last probe's output (one reference more per pass: for attention shapes a reference is dear)
     _recheck(task, spec, st, probe_set, f"pass {st.passes}, probe of set {probe_set}")
     book("probes")

@@ -6,33 +6,37 @@ box a fixed loop pinned to one vCPU read 0.93-1.15x the other over 1 s windows).
 to keep each runner on the CPU it last ran on, so the best and the candidate could spend a whole
 decision on different CPUs, and pairing by pass cancels drift in time, not a difference between the
 two processes' CPUs: an A/A change was accepted at x1.056 [1.017, 1.098] in CI (2026-12-07), 5
-passes of a steady offset. So for each pair the judge pins both runners, and its own thread, to the
-CPU its thread is on: what that CPU costs, both sides pay in the same pair. On CPU tasks the judge
-flushes the cache from that thread before every sample, so the flush also evicts the private caches
-of the CPU the sample runs on. The judge's thread is released after the pairs and the probes of a
-pass, so the scheduler moves it (and the next pass's pairs) off a CPU a neighbour keeps busy.
+passes of a steady offset. So before each pair the judge pins both runners (every thread) to the CPU
+its own thread is on: what that CPU costs, both sides pay in the same pair. The judge itself is not
+pinned: it sleeps through every sample, so the scheduler re-places it at each wake-up (off a CPU a
+neighbour keeps busy, mostly), and the next pair follows it; on CPU tasks its cache flush before a
+sample runs there too, as a rule.
 
-Measured (bench/placement_ab.py, matmul_cpu A/A, 4 s cap, 10 interleaved decisions per mode, 2-vCPU
-KVM Xeon): beside one CPU hog the decision's log ratio spread (rms) 0.0049 placed against 0.0130
-unplaced, per-pass 0.027 against 0.072, 31 passes against 23, intervals 0.013 against 0.033 (half,
-in log); quiet, 0.0035 against 0.0067, 32 passes against 29. Drawing the CPU at random per pair
-instead (tried) was biased under the hog (-0.005) and slower (24 passes): half its pairs shared the
-hog's CPU.
+Measured (bench/placement_ab.py, matmul_cpu A/A, 4 s cap, decisions of each mode in turn, 2-vCPU KVM
+Xeon): beside one CPU hog the decisions' log ratio spread (rms) 0.0087 placed against 0.0589
+unplaced, per-pass 0.023 against 0.067, intervals 0.014 against 0.042 (half, in log), as many passes;
+quiet, 0.0043 against 0.0118. Those runs also pinned the judge's thread for a whole pass; leaving it
+free (what this does) measured the same beside the hog (rms 0.0067 against 0.0059, per-pass 0.0234
+against 0.0230, 6 decisions each) and does not hold a judge on one CPU while another judge shares
+it. A CPU drawn at random per pair was tried too: half its pairs shared the hog's CPU (biased, slower).
 
-Runners cannot move themselves: tools/sandbox.py denies sched_setaffinity. CUDA tasks are not
-placed: their timed region is the device's, and pinning the driver's threads was never measured
-on a GPU host. Where the judge may use only as many CPUs as a side's threads (a `kloop parallel`
-slot, a one-CPU container), there is nothing to choose and nothing is pinned.
+Runners cannot move themselves where the sandbox's seccomp filter runs (tools/sandbox.py denies a CPU
+runner sched_setaffinity; a session says at its start whether it runs, and run.json records it). A
+side with `threads = N` gets the judge's CPU and N - 1 more drawn at random. CUDA tasks are not
+placed: their timed region is the device's, and pinning the driver's threads was never measured on a
+GPU host. Where the judge may use only as many CPUs as a side's threads (a `kloop parallel` slot, a
+one-CPU container), there is nothing to choose and nothing is pinned.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 
 
 class Placement:
-    """Draws a CPU set per pair and pins the judge's thread and every thread of the given runners to it."""
+    """Pins every thread of the given runners to the judge's CPU (set), anew for every pair."""
 
     def __init__(self, runners: list, threads: int = 1, rng: random.Random | None = None):
         self.runners = list(runners)
@@ -44,24 +48,28 @@ class Placement:
         self.error: str | None = None  # why placement stopped, where the host refused it
 
     def draw(self) -> frozenset[int] | None:
-        """Pin the judge's thread and the runners to a fresh random CPU set; None (nothing done) when inactive."""
+        """Pin the runners to the CPU the judge's thread is on (and, for threaded sides, more drawn at
+        random); None (nothing done) when inactive.
+
+        Where the host refuses (a container's policy: EPERM or EINVAL), the decision goes on unplaced, as before
+        placement existed, and the report says why (`placement_error`); should a runner then stay pinned
+        while the other floats, the sides would no longer be alike, and the decision stops instead."""
         if not self.active:
             return None
         cpus = self._choose()
         try:
-            os.sched_setaffinity(0, cpus)  # this thread only: the judge's other threads keep theirs
             for r in self.runners:
                 r.pin(cpus)
         except OSError as exc:
-            # refused here (a container's policy): the decision goes on unplaced, as before placement existed, and
-            # the report says so; everything goes back on the judge's CPUs
+            if exc.errno not in (errno.EPERM, errno.EINVAL):
+                raise  # not a refusal (a runner gone, say): the caller's error, not a reason to go on unplaced
             self.active, self.error = False, f"CPU placement refused: {exc}"
-            for r in self.runners:
-                try:
+            try:
+                for r in self.runners:
                     r.pin(self.home)
-                except OSError:
-                    pass
-            self.release()
+            except OSError as undo:
+                raise RuntimeError(f"{self.error}; and a runner could not be put back on every CPU ({undo}): "
+                                   "its samples would not be alike the other side's") from undo
             return None
         self.pinned += 1
         return cpus
@@ -74,14 +82,6 @@ class Placement:
             return frozenset(self.rng.sample(sorted(self.home), self.size))
         others = sorted(self.home - {here})
         return frozenset([here, *self.rng.sample(others, self.size - 1)])
-
-    def release(self) -> None:
-        """The judge's thread back on its own CPUs (the runners stay where they are: frozen, they use none)."""
-        if self.home:
-            try:
-                os.sched_setaffinity(0, self.home)
-            except OSError:
-                pass
 
 
 def _current_cpu() -> int | None:
