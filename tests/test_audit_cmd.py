@@ -137,6 +137,7 @@ def test_an_honest_run_audits_clean(tmp_path):
     assert "--no-timing" in out["not_run"] and out["upto"] == "check" and out["summary"] == "0 of 1 accepted commits would now be rejected by the layers run here"
 
 
+@pytest.mark.long  # CI time (16 min on 2026-12-07): run with `-m long`
 def test_cheats_on_the_branch_are_listed_with_their_reasons(tmp_path):
     s = session_repo(tmp_path, cheats=["pragma", "audit", "spec", "cache"])
     before = snapshot(s["repo"])

@@ -19,6 +19,7 @@ from tests.test_audit_cmd import RUN_ID, invoke, session_repo
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.long  # CI time (16 min on 2026-12-07): run with `-m long`
 def test_export_installs_and_its_own_test_passes(tmp_path):
     s = session_repo(tmp_path)
     out = tmp_path / "pkg"
@@ -65,6 +66,7 @@ def test_export_is_refused_when_the_audit_rejects_a_commit(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.long  # CI time (16 min on 2026-12-07): run with `-m long`
 def test_export_is_refused_when_the_tip_biases_training(tmp_path):
     """A kernel inside every per-call tolerance that biases training (tests/cheats/e2e_round_down.cpp):
     the export's audit runs the task's e2e check after the check (it once stopped at the check and

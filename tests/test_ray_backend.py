@@ -60,6 +60,7 @@ def _verdicts(session, numbers):
     return {e.attempt: e for e in session.events() if e.kind == "verdict" and e.attempt in numbers}
 
 
+@pytest.mark.long  # CI time (16 min on 2026-12-07): run with `-m long`
 def test_two_candidates_judged_at_once_by_two_workers(session):
     names = session.pool.names
     assert len(names) == 2 and names[0].startswith("judge-0@") and names[1].startswith("judge-1@")

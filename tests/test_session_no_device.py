@@ -112,6 +112,7 @@ def test_mcp_without_a_device(tmp_path):
     assert RunRecord.open(run_dir).info.baseline_pending == "no CUDA device here"
 
 
+@pytest.mark.long  # CI time (16 min on 2026-12-07): run with `-m long`
 def test_resumed_where_the_device_is_the_baseline_is_measured(tmp_path, monkeypatch):
     """Started 'without the device' (the check made to say so, on a CPU task), resumed in a process
     where the device is there: `kloop session resume` measures the baseline and clears the pending mark."""
