@@ -26,7 +26,7 @@ from tests.fakes import make_repo
 ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[1]
 GATE = GateConfig(max_seconds=2.0, min_pairs=8, standby=False)
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # CI time: a Ray cluster per module (~25 s) and judges at once; run with `-m long`
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,6 @@ def _verdicts(session, numbers):
     return {e.attempt: e for e in session.events() if e.kind == "verdict" and e.attempt in numbers}
 
 
-@pytest.mark.long  # CI time (16 min on 2026-12-07): run with `-m long`
 def test_two_candidates_judged_at_once_by_two_workers(session):
     names = session.pool.names
     assert len(names) == 2 and names[0].startswith("judge-0@") and names[1].startswith("judge-1@")

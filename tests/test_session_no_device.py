@@ -40,6 +40,7 @@ def kloop(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Complet
                           text=True, timeout=600)
 
 
+@pytest.mark.long  # CI time (16 min on 2026-12-07): run with `-m long`
 @needs_nvcc
 def test_cuda_session_without_a_device_starts_pending(tmp_path):
     env = _env(tmp_path)

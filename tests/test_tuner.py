@@ -40,6 +40,7 @@ def test_tuner_finds_and_commits_the_best_knob_setting(tmp_path):
     assert len(commits) == len(accepted)
 
 
+@pytest.mark.long  # CI time (16 min on 2026-12-07): run with `-m long`
 def test_large_knob_spaces_are_sampled_with_tpe(tmp_path, monkeypatch):
     """Past EXHAUSTIVE_MAX settings the tuner samples (optuna TPE, ask/tell), starting from the current setting."""
     import agent.policies.tuner as tuner_mod
