@@ -306,6 +306,7 @@ def test_session_killed_mid_gate_resumes(tmp_path):
 
 
 
+@pytest.mark.long  # CI time (15 min on 2026-12-07): run with `-m long`
 def test_a_ctrl_c_during_the_baseline_stops_before_the_policy(tmp_path, monkeypatch):
     """The first Ctrl-C stops 'after the current step': during the baseline, that is the baseline (a
     newcomer's tuner run once went on into its sweep and stopped 45 s later)."""

@@ -229,6 +229,7 @@ def test_kloop_eval_json_and_exit_codes(tmp_path, cache):
     assert broken.returncode == 1 and "matmul.cpp:" in broken.stdout
 
 
+@pytest.mark.long  # CI time (15 min on 2026-12-07): run with `-m long`
 def test_kloop_new_scaffolds_a_task_that_passes_eval(tmp_path, cache):
     made = kloop("new", str(tmp_path / "mytask"), "--target", "cpu")
     assert made.returncode == 0, made.stderr

@@ -191,6 +191,7 @@ def test_standby_off_and_other_tasks_start_cold(setup, monkeypatch):
     assert other.closed and not other.root.exists()
 
 
+@pytest.mark.long  # CI time (15 min on 2026-12-07): run with `-m long`
 def test_trials_in_one_request_are_independent_decisions(setup):
     """The gate benchmark's path: one sandboxed judge, N timing-only decisions, each its own seed."""
     gate, best, _ = setup
