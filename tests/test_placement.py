@@ -196,18 +196,9 @@ def test_a_cpu_kernel_cannot_repin_its_runner(tmp_path):
     folder = tmp_path / "task"
     shutil.copytree(ROOT / "kernels" / "matmul_cpu", folder)
     (folder / "matmul.cpp").write_text(_PINNING_KERNEL)
-    script = (
-        "import json, sys\n"
-        "from pathlib import Path\n"
-        "from tools.task import load_task\n"
-        "from tools.build import build\n"
-        "from tools.evaluate import run_check\n"
-        "folder = Path(sys.argv[1])\n"
-        "task = load_task(folder)\n"
-        "built = build(task, cache_dir=folder.parent / 'cache')\n"
-        "res = run_check(task, built.lib, seed=3, shapes=['one'])\n"
-        "print(json.dumps({'ok': res.ok, 'passed': bool(res.check and res.check.passed), 'error': res.error}))\n")
-    p = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True, text=True, timeout=600,
+    from tests.test_sandbox import _CHECK_SCRIPT  # the same run_check in a child, one way to read its answer
+
+    p = subprocess.run([sys.executable, "-c", _CHECK_SCRIPT, str(folder)], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
