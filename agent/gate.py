@@ -107,6 +107,14 @@ class GateConfig(BaseModel):
     # CPU tasks: both samples of each timed pair pinned to the CPU the judge's thread is on (tools/placement.py);
     # "off" leaves them to the scheduler (only to measure what placement does: bench/placement_ab.py)
     cpu_placement: Literal["current", "off"] = "current"
+    # CUDA tasks: the same for the runners' host threads (the request's pipe, Python and syncs, which the judge's
+    # clock around a request holds beside the calls). "off" until measured on a GPU host: bench/gate_bench.py
+    cuda_placement: Literal["current", "off"] = "off"
+    # CUDA tasks: seconds of calls one timed request spans at least (on distinct input sets, cold after the judge's
+    # flush). The request's own cost (~0.4 ms of the runner's Python, pipe, spin and syncs) is what the judge's
+    # clock cannot tell from an under-report: the longer the request, the smaller a lie it catches (per call, the
+    # floor below is divided by the calls a request holds)
+    cuda_request_s: float = 50e-6
     # the best's time now over its time when it was accepted, beyond which nothing is decided
     best_slowdown_limit: float = 2.5
     # refuse to run where the host cannot sandbox untrusted code (tools/sandbox.py status())
@@ -517,7 +525,8 @@ class Gate:
             seed=seed, max_seconds=max_seconds or self.config.max_seconds, min_pairs=rules.min_pairs,
             target_halfwidth=rules.target_halfwidth, noisy_halfwidth=rules.noisy_halfwidth, alpha=rules.alpha,
             look=look, min_gain=rules.min_gain, allowances=rules.allowances, weights={s.name: s.weight for s in shapes},
-            cpu_placement=self.config.cpu_placement,
+            cpu_placement=self.config.cpu_placement, cuda_placement=self.config.cuda_placement,
+            cuda_request_s=self.config.cuda_request_s,
         )
 
     def judge(self, ab: ABReport, **evidence) -> Verdict:

@@ -3,7 +3,7 @@
 # probes and floors in the judge). GPU tests, the gate benchmark on softmax (100 A/A, 100 +0.5% and
 # 100 +2% trials at 2 s of timing per decision; `looks`: 100 A/A agents re-submitting up to 3 times), the hidden work the escape allowance catches, and the
 # per-stage overhead of two real decisions.
-#   bash bench/device_gate.sh [all|tests|tests-cheats|tests-flush|tests-tasks|tests-showcase|tests-attention|bench|looks|hidden|overhead]   (writes under $OUT or /tmp)
+#   bash bench/device_gate.sh [all|tests|tests-cheats|tests-flush|tests-tasks|tests-showcase|tests-attention|bench|looks|requests|hidden|overhead]   (writes under $OUT or /tmp)
 # One device command may run 600 s. The GPU suite takes more than that on the H200, so it is three
 # parts, each given 270 s and run as its own device command: `tests-cheats` (the CUDA cheats against
 # the gate: 149 s on 2026-12-07), `tests-tasks` (the GPU tasks and the gate on GPU) and
@@ -41,6 +41,18 @@ if [ "$part" = looks ]; then
 # repeated looks (issue 20): 100 agents re-submitting the A/A change up to 3 times, the cap doubling (2, 4, 8 s)
 timeout 570 python3 bench/gate_bench.py --task kernels/softmax --aa 100 --looks 3 --gains '' --max-seconds 2 --budget 540 --quiet --json "$out/gate_looks.json" > "$out/gate_looks.txt" 2>&1
 echo "gate looks rc=$?"; tail -6 "$out/gate_looks.txt"
+fi
+if [ "$part" = requests ]; then
+# issue 20's under-report bound: A/A decisions with short (one call) and long (10 ms) CUDA requests, runners pinned
+# to the judge's CPU or not; the judge's clock beyond the reported times, and the lies it would catch (~420 s)
+for cfg in "65536x4096 0.05 off" "65536x4096 0.05 current" "65536x4096 10 off" "65536x4096 10 current" \
+           "8192x2048 0.05 off" "8192x2048 10 current"; do
+  set -- $cfg
+  timeout 120 python3 bench/gate_bench.py --task kernels/softmax --shape "$1" --aa 40 --gains '' --max-seconds 2 \
+    --budget "${REQ_BUDGET:-45}" --cuda-request-ms "$2" --cuda-placement "$3" --quiet \
+    --json "$out/requests_$1_$2_$3.json" > "$out/requests_$1_$2_$3.txt" 2>&1
+  echo "== $cfg rc=$?"; grep -E "^aa|judge's clock|integrity" "$out/requests_$1_$2_$3.txt" | head -4
+done
 fi
 if want hidden; then
 # work on a second stream of 5/10/20% of a call, after the timed stream's, on a 5 us, a 40 us and two ~0.5 ms

@@ -136,7 +136,8 @@ def under_report_catches(gate: Gate, trials: list[dict]) -> dict:
     rows = [t for t in trials if all(isinstance(t.get(k), (int, float)) and math.isfinite(t[k])
                                      for k in ("offclock_a", "offclock_b", "offclock_a_se", "time_a", "time_b"))]
     out = {"trials": len(rows), "flagged_unshifted": 0, "caught": {str(u): 0 for u in UNDER_REPORTS}, "apart_rel": [],
-           "offclock_us": sorted(round(t[k] * 1e6, 1) for t in rows for k in ("offclock_a", "offclock_b"))}
+           "offclock_us": sorted(round(t[k] * 1e6, 1) for t in rows for k in ("offclock_a", "offclock_b")),
+           "calls_per_request": sorted({t.get("calls_per_sample") or 1 for t in rows})}
     for t in rows:
         s = ShapeAB(shape="x", weight=1.0, pairs=0, speedup=1.0, speedup_lo=1.0, speedup_hi=1.0,
                     time_a=t["time_a"], time_b=t["time_b"],
@@ -177,12 +178,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="repeated looks: the A/A case runs as look 1..N against one best, each with twice the "
                          "previous timing cap (an agent re-submitting as 'undecided' suggests); an agent is "
                          "accepted if any of its looks was")
+    ap.add_argument("--cuda-request-ms", type=float, default=GateConfig().cuda_request_s * 1e3,
+                    help="CUDA tasks: milliseconds of calls a timed request spans at least (GateConfig.cuda_request_s)")
+    ap.add_argument("--cuda-placement", choices=["current", "off"], default=GateConfig().cuda_placement,
+                    help="CUDA tasks: pin both runners to the judge's CPU before each pair (GateConfig.cuda_placement)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
     started = time.monotonic()
     log = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
-    gate = Gate(Path(args.task), task_rel=Path(args.task).name, config=GateConfig(max_seconds=args.max_seconds))
+    gate = Gate(Path(args.task), task_rel=Path(args.task).name, config=GateConfig(max_seconds=args.max_seconds,
+                                                                                cuda_request_s=args.cuda_request_ms * 1e-3,
+                                                                                cuda_placement=args.cuda_placement))
     task = gate.task
     shape = args.shape or task.bench_shapes[0].name
     task.shape(shape)
@@ -317,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['case']}: the judge's clock beyond the reported times, candidate vs best: at most "
                   f"{100 * apart[-1]:.2f}% of the best's time apart (median {100 * apart[len(apart) // 2]:.2f}%), "
                   f"flagged {ur['flagged_unshifted']} of {ur['trials']} (each side's lower quartile "
-                  f"{ur['offclock_us'][0]:.0f}-{ur['offclock_us'][-1]:.0f} us a call); a runner under-reporting by "
+                  f"{ur['offclock_us'][0]:.0f}-{ur['offclock_us'][-1]:.0f} us a call, {ur['calls_per_request']} calls a "
+                  f"request); a runner under-reporting by "
                   + ", ".join(f"{100 * float(u):g}% caught {c} of {ur['trials']}" for u, c in ur["caught"].items()))
         lk = r.get("looks")
         if lk:

@@ -30,7 +30,7 @@ from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
 from tools.protocol import WorkerRequest
 from tools.stats import MIN_EVIDENCE_STRETCH, DecisionRules, PassCriterion, median as _median, robust_se_of_quartile
-from tools.timing import SET_MEMORY_CAP, calibrate, tensors_bytes
+from tools.timing import CALLS_CAP, SHORT_CALL_S, calibrate, set_memory_cap, tensors_bytes
 
 # Each pass pays for fresh inputs, two cold probes and re-checks against the reference (for a big
 # attention shape the reference alone takes longer than many timed calls), so a pass holds several
@@ -42,6 +42,7 @@ RECHECK_MIN = 2
 MIN_PASSES = 4
 PROBES_PER_PASS = 2  # cold integrity probes per side and pass: at least 8 per side and decision
 MAX_SETS = 256
+LONG_REQUEST_SPIN_CALLS = 4  # long CUDA requests: the spin covers the first calls' enqueue (tools/libhost.run)
 
 
 class _Shape:
@@ -90,10 +91,12 @@ def criterion_of(report: ABReport, rules: DecisionRules) -> PassCriterion:
 
 def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed: int, device: torch.device,
                   max_seconds: float, rules: DecisionRules, weights: dict[str, float], arena=None,
-                  look: int = 1, placement: str = "current") -> ABReport:
+                  look: int = 1, placement: str = "current", cuda_placement: str = "off",
+                  cuda_request_s: float = SHORT_CALL_S) -> ABReport:
     """`lib_a`, `lib_b`: tools.remote.RemoteLib handles on the best's and the candidate's runners;
     `rules`: the decision's (decision_rules of the gate's request), `look`: which timed look at this best;
-    `placement`: CPU tasks, "current" (tools/placement.py) or "off"."""
+    `placement`: CPU tasks, "current" (tools/placement.py) or "off"; `cuda_placement` the same on CUDA tasks;
+    `cuda_request_s`: CUDA tasks, seconds of calls a timed request spans at least (GateConfig.cuda_request_s)."""
     draws = SecretDraws(seed, device, "timing")  # every set's values unpredictable from the sets before it
     rng = random.Random(seed ^ 0x5EED)
     timer = lib_a.timer
@@ -102,7 +105,14 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
     # CPU tasks: each pair's two samples on the CPU the judge's thread is on (tools/placement.py; its own
     # generator where it must draw: the draws of sets and orders stay what they were)
     place = (Placement([lib_a.runner, lib_b.runner], lib_a.threads, random.Random(seed ^ 0xC7))
-             if device.type == "cpu" and placement != "off" else None)
+             if (placement if device.type == "cpu" else cuda_placement) != "off" else None)
+    # CUDA C++ tasks: requests longer than one short sample, up to MAX_SETS calls (each on its own set) in one, so
+    # that the request's own cost is small beside its calls on the judge's clock (which bounds what the runner's
+    # events report: the gate's offclock check). Not Triton tasks: no candidate host code runs in their runners
+    long_requests = device.type == "cuda" and cuda_request_s > SHORT_CALL_S and task.manifest.target != "triton"
+    min_sample_s = cuda_request_s if long_requests else lib_a.min_sample_s
+    if long_requests:
+        lib_a.spin_calls = lib_b.spin_calls = LONG_REQUEST_SPIN_CALLS
 
     states = []
     for name in shapes:
@@ -113,12 +123,13 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         warm = [st.key(i) for i in range(len(st.sets))]
         lib_a.call(warm)
         lib_b.call(warm)
-        st.k, _ = calibrate(lambda i: lib_a.sample([st.key(i % len(st.sets))]), lib_a.min_sample_s)
+        st.k, _ = calibrate(lambda i: lib_a.sample([st.key(i % len(st.sets))]), min_sample_s,
+                            cap=MAX_SETS if long_requests else CALLS_CAP)
         lib_a._pending = lib_b._pending = None
         # within a pass no set may be called twice by one side: enough sets for PAIRS_PER_PASS samples
         # (at least one whole sample) in the memory cap
         per_set = tensors_bytes(st.sets[0][0]) + 2 * tensors_bytes(st.sets[0][1])
-        cap = SET_MEMORY_CAP["cuda" if device.type == "cuda" else "cpu"] // max(per_set, 1)
+        cap = set_memory_cap(device, long_requests) // max(per_set, 1)
         while len(st.sets) < max(min(st.k, cap), min(st.k * PAIRS_PER_PASS, MAX_SETS, cap)):
             _add_set(spec, st, share(spec.make_inputs(dims, draws.next(), device), inputs=True), share, lib_a, lib_b)
         st.k = min(st.k, len(st.sets))

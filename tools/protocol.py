@@ -237,6 +237,8 @@ class WorkerRequest(BaseModel):
     target_halfwidth: float = 0.004  # ab: stop once the log-speedup interval is this tight
     noisy_halfwidth: float = 0.10  # ab: an interval wider than this (half, in log) decides nothing (GateConfig)
     cpu_placement: Literal["current", "off"] = "current"  # ab, CPU tasks: tools/placement.py (GateConfig)
+    cuda_placement: Literal["current", "off"] = "off"  # ab, CUDA tasks: the same for the runners' host threads
+    cuda_request_s: float = Field(default=50e-6, gt=0, le=0.1)  # ab, CUDA tasks: seconds of calls per timed request
     alpha: float = 0.0061  # ab: the one-sided level of this look (the gate's spent budget, tools/stats.look_alpha)
     look: int = 1  # ab: which timed look at this best (recorded in the report)
     min_gain: float = 0.01

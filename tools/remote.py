@@ -49,6 +49,8 @@ class RemoteLib:
         self._first_ns: int | None = None
         self.charged_ns = 0
         self.min_sample_s = SHORT_CALL_S if self.cuda else CPU_MIN_SAMPLE_S
+        # CUDA, long requests (tools/ab.py): the spin before a timed request covers this many calls' enqueue
+        self.spin_calls: int | None = None
         self.bound: set = set()
         # work after return: the runner's CPU time between an answer and its next request, which an
         # honest runner (blocked reading its pipe) does not use. Charged to the last timed sample.
@@ -178,7 +180,8 @@ class RemoteLib:
         self._gap()
         if self.cuda:
             t0 = time.perf_counter()
-            reply = self.runner.request("run", self.call_timeout, calls=list(keys), timed=True, spin=True)
+            spin = {"spin_calls": self.spin_calls} if self.spin_calls else {}
+            reply = self.runner.request("run", self.call_timeout, calls=list(keys), timed=True, spin=True, **spin)
             wall = time.perf_counter() - t0
             self._answered()
             t = _seconds(reply.get("times"), 0)

@@ -18,6 +18,7 @@ from tools.stats import quantile
 CPU_CACHE_BYTES = 32 << 20  # no portable way to read the LLC size; a generous guess
 SET_MEMORY_CAP = {"cuda": 8 << 30, "cpu": 512 << 20}  # bytes all rotated input sets may take
 SHORT_CALL_S = 50e-6
+CALLS_CAP = 64  # calls in one timed sample, at most (more only for long CUDA requests: tools/ab.py)
 IDLE_WINDOW_S = 2e-3  # after an integrity probe: how long to watch the idle process for CPU use  # below this, several calls go in one timed sample
 
 
@@ -187,15 +188,29 @@ class Timer:
         return int(max(1, min(want, 16, cap)))
 
 
-def calibrate(sample_one: Callable[[int], float], min_sample_s: float = SHORT_CALL_S, tries: int = 3) -> tuple[int, float]:
+def calibrate(sample_one: Callable[[int], float], min_sample_s: float = SHORT_CALL_S, tries: int = 3,
+              cap: int = CALLS_CAP) -> tuple[int, float]:
     """(calls per timed sample, seconds of one call): the fastest of `tries` single-call samples
     (`sample_one(i)`: seconds of one call on input set i). The one calibration of every timing
     (the A/B decision, the bench of a build and of the comparators)."""
     single = min(sample_one(i) for i in range(tries))
-    return calls_per_sample(single, short_s=min_sample_s), single
+    return calls_per_sample(single, cap=cap, short_s=min_sample_s), single
 
 
-def calls_per_sample(single_call_s: float, cap: int = 64, short_s: float = SHORT_CALL_S) -> int:
+def set_memory_cap(device, long_requests: bool = False) -> int:
+    """Bytes every rotated input set of one shape may take. CUDA requests of many calls (GateConfig.cuda_request_s)
+    need a set per call: there, up to a fifth of the device's memory (at most half of what is free), never
+    less than the usual cap."""
+    kind = "cuda" if getattr(device, "type", device) == "cuda" else "cpu"
+    if kind != "cuda" or not long_requests:
+        return SET_MEMORY_CAP[kind]
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    return max(SET_MEMORY_CAP["cuda"], min(total // 5, free // 2))
+
+
+def calls_per_sample(single_call_s: float, cap: int = CALLS_CAP, short_s: float = SHORT_CALL_S) -> int:
     """Calls per timed sample so one sample spans at least `short_s` (launch and pipe jitter stay small)."""
     if not math.isfinite(single_call_s) or single_call_s <= 0 or single_call_s >= short_s:
         return 1

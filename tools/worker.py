@@ -203,7 +203,9 @@ def serve(req: WorkerRequest, judge: Judge | None = None, loaded_marker: Path | 
                             break  # the benchmark's time budget: the trials done so far are the answer
                         reports.append(ab_in_process(task, spec, libs[0], libs[1], req.shapes, s, device,
                                                      req.max_seconds, decision_rules(req), req.weights, arena,
-                                                     look=req.look, placement=req.cpu_placement))
+                                                     look=req.look, placement=req.cpu_placement,
+                                                     cuda_placement=req.cuda_placement,
+                                                     cuda_request_s=req.cuda_request_s))
                         trial_seconds.append(round(time.monotonic() - t3, 3))
                 except RunnerError as exc:
                     stages["timing"] = round(time.monotonic() - t2, 3)

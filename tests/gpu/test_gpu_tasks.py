@@ -86,3 +86,25 @@ def test_gate_on_gpu_rejects_work_escaping_to_another_stream(tmp_path):
     assert "physics" in v.reason or "outside the timed stream" in v.reason, v.summary()
     assert v.ab is not None and any(gate._escaped(s) for s in v.ab.shapes), v.summary()
     print(v.summary())
+
+
+def test_long_requests_hold_many_calls_and_decide_like_short_ones(tmp_path):
+    """GateConfig.cuda_request_s: each timed request spans >= 10 ms of calls on distinct sets, so the judge's clock
+    around it bounds the runner's events tightly (issue 20). The same code: not accepted, no integrity flag (the
+    judge's clock beyond the reported times alike for both runners); VEC=8 over the baseline: accepted."""
+    import shutil
+
+    trusted = KERNELS / "softmax"
+    gate = Gate(trusted, "kernels/softmax", GateConfig(max_seconds=3.0, cuda_request_s=10e-3, cuda_placement="current"))
+    best = build(gate.task)
+    same = gate.decide(best, best, check=None, check_seed=0)
+    assert same.ab is not None and all(s.calls_per_sample > 1 for s in same.ab.shapes), same.summary()
+    assert not same.accepted and gate.integrity_problem(same.ab) is None, same.summary()
+    cand = tmp_path / "softmax"
+    shutil.copytree(trusted, cand)
+    gate.task.write_knob_settings(cand, {"VEC": 8})
+    built = build(gate.task, src_root=cand)
+    faster = gate.decide(built, best, check=None, check_seed=0)
+    assert faster.accepted and faster.speedup_lo > 1.01, faster.summary()
+    print(same.summary(), "\n", faster.summary(), "\n",
+          [(s.shape, s.calls_per_sample, s.offclock_a, s.offclock_b) for s in faster.ab.shapes])
