@@ -171,7 +171,8 @@ class Verdict(BaseModel):
             for s in self.ab.shapes:
                 lines.append(f"  {s.shape}: {fmt_ms(s.time_a)} -> {fmt_ms(s.time_b)}, "
                              f"{fmt_speedup(s.speedup, s.speedup_lo, s.speedup_hi)} ({s.pairs} pairs)")
-            lines.append(f"  timing: {self.ab.pairs} pairs in {fmt_num(self.ab.timing_seconds, '.1f')} s ({self.ab.stopped_because})")
+            lines.append(f"  timing: {self.ab.pairs} pairs in {fmt_num(self.ab.timing_seconds, '.1f')} s ({self.ab.stopped_because})"
+                         + _placement_note(self.ab))
         if self.e2e:
             from tools.e2e import summary
 
@@ -793,6 +794,14 @@ class Gate:
             return s.after_return_b - s.after_return_a > max(self.config.after_return_abs_s,
                                                              self.config.after_return_rel * s.time_a)
         return False
+
+
+def _placement_note(ab: ABReport) -> str:
+    """Where the pairs ran, when that matters to reading the timing line: a host that refused the pinning (the pairs
+    then ran where the scheduler put them, as before tools/placement.py, and an offset between CPUs is possible)."""
+    if ab.placement_error:
+        return f"; pairs not pinned to one CPU ({ab.placement_error})"
+    return ""
 
 
 def _finite(x) -> bool:

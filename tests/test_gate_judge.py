@@ -267,3 +267,11 @@ def test_ten_percent_hidden_work_is_caught_at_both_scales(gate, ta, base, jitter
         assert gate._escaped(_probe_row(ta, a, hidden)), (trial, gate.escape_allowance(_probe_row(ta, a, hidden)))
     # the allowance scales with the best's spread, not with a fixed 30 us + 25%
     assert gate.escape_allowance(_probe_row(ta, a, honest)) < 0.1 * ta
+
+
+def test_the_timing_line_says_when_the_host_refused_the_pinning(gate):
+    placed = report(shape("m", 1.5))
+    assert "not pinned" not in gate.judge(placed).summary()
+    refused = report(shape("m", 1.5)).model_copy(update={"placement_error": "CPU placement refused: [Errno 1] EPERM"})
+    line = next(x for x in gate.judge(refused).summary().splitlines() if x.strip().startswith("timing:"))
+    assert "pairs not pinned to one CPU (CPU placement refused: [Errno 1] EPERM)" in line
