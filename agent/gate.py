@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tools.scope import change_refusal, symlink_component
 from tools.task import KNOBS_FILE, TaskError, load_task
@@ -124,6 +124,21 @@ class GateConfig(BaseModel):
     standby: bool = True
     # run the task's end-to-end training check (manifest [e2e]) on the accepts its `when` names
     e2e: bool = True
+
+    def with_settings(self, settings: list[str]) -> "GateConfig":
+        """This config with `FIELD=VALUE` settings (a benchmark's `--set`), validated like run.json's: an unknown
+        field or a value of the wrong kind is a ValueError naming it."""
+        values = self.model_dump()
+        for item in settings:
+            name, sep, value = item.partition("=")
+            if not sep or name.strip() not in type(self).model_fields:
+                raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of GateConfig's "
+                                 f"({', '.join(sorted(type(self).model_fields))})")
+            values[name.strip()] = value.strip()
+        try:
+            return type(self).model_validate(values)
+        except ValidationError as exc:
+            raise ValueError(f"--set {' '.join(settings)}: {exc}") from None
 
 
 class Verdict(BaseModel):

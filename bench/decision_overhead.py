@@ -33,10 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decisions", type=int, default=2)
     ap.add_argument("--think", type=float, default=30.0, help="most seconds to wait for a warm judge between decisions")
     ap.add_argument("--max-seconds", type=float, default=3.0, help="timing cap per decision")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a GateConfig setting for every decision (repeatable), e.g. --set cuda_request_s=0.01")
     args = ap.parse_args(argv)
 
     trusted = Path(args.task).resolve()
-    gate = Gate(trusted, f"kernels/{trusted.name}", GateConfig(max_seconds=args.max_seconds))
+    gate = Gate(trusted, f"kernels/{trusted.name}", GateConfig(max_seconds=args.max_seconds).with_settings(args.set))
     name, value = args.knob.split("=", 1)
     best = build(gate.task)
     with tempfile.TemporaryDirectory(prefix="kloop-overhead-") as tmp, gate:

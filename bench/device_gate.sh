@@ -49,7 +49,7 @@ for cfg in "65536x4096 0.05 off" "65536x4096 0.05 current" "65536x4096 10 off" "
            "8192x2048 0.05 off" "8192x2048 10 current"; do
   set -- $cfg
   timeout 120 python3 bench/gate_bench.py --task kernels/softmax --shape "$1" --aa 40 --gains '' --max-seconds 2 \
-    --budget "${REQ_BUDGET:-45}" --cuda-request-ms "$2" --cuda-placement "$3" --quiet \
+    --budget "${REQ_BUDGET:-45}" --set cuda_request_s="$2"e-3 --set cuda_placement="$3" --quiet \
     --json "$out/requests_$1_$2_$3.json" > "$out/requests_$1_$2_$3.txt" 2>&1
   echo "== $cfg rc=$?"; grep -E "^aa|judge's clock|integrity" "$out/requests_$1_$2_$3.txt" | head -4
 done

@@ -178,18 +178,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="repeated looks: the A/A case runs as look 1..N against one best, each with twice the "
                          "previous timing cap (an agent re-submitting as 'undecided' suggests); an agent is "
                          "accepted if any of its looks was")
-    ap.add_argument("--cuda-request-ms", type=float, default=GateConfig().cuda_request_s * 1e3,
-                    help="CUDA tasks: milliseconds of calls a timed request spans at least (GateConfig.cuda_request_s)")
-    ap.add_argument("--cuda-placement", choices=["current", "off"], default=GateConfig().cuda_placement,
-                    help="CUDA tasks: pin both runners to the judge's CPU before each pair (GateConfig.cuda_placement)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a GateConfig setting for every decision (repeatable), e.g. --set cuda_request_s=0.01")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
 
     started = time.monotonic()
     log = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
-    gate = Gate(Path(args.task), task_rel=Path(args.task).name, config=GateConfig(max_seconds=args.max_seconds,
-                                                                                cuda_request_s=args.cuda_request_ms * 1e-3,
-                                                                                cuda_placement=args.cuda_placement))
+    gate = Gate(Path(args.task), task_rel=Path(args.task).name,
+                config=GateConfig(max_seconds=args.max_seconds).with_settings(args.set))
     task = gate.task
     shape = args.shape or task.bench_shapes[0].name
     task.shape(shape)

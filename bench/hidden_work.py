@@ -98,11 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--max-seconds", type=float, default=2.0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a GateConfig setting for every decision (repeatable), e.g. --set cuda_request_s=0.01")
     args = ap.parse_args(argv)
 
     started = time.monotonic()
     task_dir = _with_hidden_hook(Path(args.task), Path(tempfile.mkdtemp(prefix="kloop-hidden-")))
-    gate = Gate(task_dir, task_rel=task_dir.name, config=GateConfig(max_seconds=args.max_seconds))
+    gate = Gate(task_dir, task_rel=task_dir.name, config=GateConfig(max_seconds=args.max_seconds).with_settings(args.set))
     task = gate.task
     device = torch.device("cuda" if task.target == "cuda" else "cpu")
     spec = load_spec(task.spec_path)

@@ -50,3 +50,14 @@ def test_the_gate_config_reaches_the_judges_request():
     assert (req.cuda_request_s, req.cuda_placement) == (0.01, "current")
     default = Gate(ROOT / "kernels" / "softmax", task_rel="softmax").ab_request("best.so", "cand.so", seed=3)
     assert (default.cuda_request_s, default.cuda_placement) == (GateConfig().cuda_request_s, GateConfig().cuda_placement)
+
+
+def test_a_benchmarks_settings_are_validated_by_name():
+    cfg = GateConfig(max_seconds=2.0).with_settings(["cuda_request_s=10e-3", "cuda_placement=current"])
+    assert (cfg.max_seconds, cfg.cuda_request_s, cfg.cuda_placement) == (2.0, 0.01, "current")
+    with pytest.raises(ValueError, match="cuda_request_ms"):
+        GateConfig().with_settings(["cuda_request_ms=10"])  # no such field: named, with the ones there are
+    with pytest.raises(ValueError, match="cuda_placement"):
+        GateConfig().with_settings(["cuda_placement=always"])
+    with pytest.raises(ValueError, match="FIELD=VALUE"):
+        GateConfig().with_settings(["cuda_request_s"])
