@@ -45,8 +45,9 @@ fi
 if [ "$part" = requests ]; then
 # issue 20's under-report bound: A/A decisions with short (one call) and long (10 ms) CUDA requests, runners pinned
 # to the judge's CPU or not; the judge's clock beyond the reported times, and the lies it would catch (~420 s)
-for cfg in "65536x4096 0.05 off" "65536x4096 0.05 current" "65536x4096 10 off" "65536x4096 10 current" \
-           "8192x2048 0.05 off" "8192x2048 10 current"; do
+# REQ_CONFIGS: "SHAPE MS PLACEMENT;..." to run fewer
+IFS=';' read -ra cfgs <<< "${REQ_CONFIGS:-65536x4096 0.05 off;65536x4096 0.05 current;65536x4096 10 off;65536x4096 10 current;8192x2048 0.05 off;8192x2048 10 current}"
+for cfg in "${cfgs[@]}"; do
   set -- $cfg
   timeout 120 python3 bench/gate_bench.py --task kernels/softmax --shape "$1" --aa 40 --gains '' --max-seconds 2 \
     --budget "${REQ_BUDGET:-45}" --set cuda_request_s="$2"e-3 --set cuda_placement="$3" --quiet \
