@@ -110,11 +110,12 @@ class GateConfig(BaseModel):
     # CUDA tasks: the same for the runners' host threads (the request's pipe, Python and syncs, which the judge's
     # clock around a request holds beside the calls). "off" until measured on a GPU host: bench/gate_bench.py
     cuda_placement: Literal["current", "off"] = "off"
-    # CUDA tasks: seconds of calls one timed request spans at least (on distinct input sets, cold after the judge's
-    # flush). The request's own cost (~0.4 ms of the runner's Python, pipe, spin and syncs) is what the judge's
-    # clock cannot tell from an under-report: the longer the request, the smaller a lie it catches (per call, the
-    # floor below is divided by the calls a request holds)
-    cuda_request_s: float = 50e-6
+    # CUDA C++ tasks, shapes of calls >= 50 us: seconds of calls one timed request spans at least (up to 64 calls
+    # on distinct input sets, cold after the judge's flush). The request's own cost (~0.4 ms of the runner's Python,
+    # pipe, spin and syncs) is what the judge's clock cannot tell from an under-report: the more calls a request
+    # holds, the smaller a lie it catches (the offclock floors are per request). Off (50 us: one call a sample) until
+    # the hole it opens is closed: docs/ARCHITECTURE.md, still open 3
+    cuda_request_s: float = Field(default=50e-6, gt=0, le=0.1)  # 50e-6: tools.timing.SHORT_CALL_S (off)
     # the best's time now over its time when it was accepted, beyond which nothing is decided
     best_slowdown_limit: float = 2.5
     # refuse to run where the host cannot sandbox untrusted code (tools/sandbox.py status())
@@ -677,8 +678,8 @@ class Gate:
                         f"runner reported vs {fmt_us(s.offclock_a)} for the best's (lower quartile of {s.trail_samples} timed "
                         f"samples each; allowed {fmt_us(self.offclock_allowance(s))} apart either way: "
                         f"{self.config.escape_sigmas:g} x sqrt 2 x the best's spread {fmt_us(s.offclock_a_se)}, floor "
-                        f"{self.config.offclock_rel_floor:.0%} of its time {fmt_us(s.time_a)}, {fmt_us(self.config.offclock_abs_floor_s)} "
-                        f"a sample). More: times under-reported; less: the runner skipped work every request does" for s in offclock)
+                        f"{fmt_us(self.config.offclock_abs_floor_s)} or {self.config.offclock_rel_floor:.0%} of its time {fmt_us(s.time_a)} "
+                        f"a request, over {s.calls_per_sample} call(s) a request). More: times under-reported; less: the runner skipped work every request does" for s in offclock)
         if self._speedup_not_finite(ab):
             return "undecided", (
                 f"{UNDECIDED}: the speedup is not finite and positive. To decide: re-submit the same change with a longer "
@@ -787,8 +788,11 @@ class Gate:
         as `trail_allowance`, from the spread of the best's own requests over every timed sample, plus a floor."""
         cfg = self.config
         se = s.offclock_a_se if _finite(s.offclock_a_se) else math.inf
-        per_sample_floor = cfg.offclock_abs_floor_s / max(1, s.calls_per_sample)
-        return max(per_sample_floor, cfg.offclock_rel_floor * s.time_a) + cfg.escape_sigmas * math.sqrt(2) * se
+        # both floors are per request (what two runners' requests differ by), spread over the calls it holds: the
+        # same as per call where a request holds one call or short ones (150 us / k exceeds a quarter of a call
+        # there), and what lets a long request (GateConfig.cuda_request_s) bound a smaller lie
+        per_request_floor = max(cfg.offclock_abs_floor_s, cfg.offclock_rel_floor * s.time_a)
+        return per_request_floor / max(1, s.calls_per_sample) + cfg.escape_sigmas * math.sqrt(2) * se
 
     def trail_allowance(self, s) -> float:
         """Seconds per call the candidate's device work after the timed region may exceed the best's by: as

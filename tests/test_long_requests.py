@@ -15,17 +15,16 @@ from tools.timing import CALLS_CAP, SET_MEMORY_CAP, calibrate, calls_per_sample,
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_long_request_holds_calls_up_to_its_own_cap_not_the_short_samples():
-    # a 300 us call: one to a short sample, 34 to a 10 ms request
+def test_a_long_request_holds_as_many_calls_as_fill_it_up_to_the_cap():
+    # a 300 us call: one to a short sample, 34 to a 10 ms request; a 1 ms call: 10
     assert calls_per_sample(300e-6) == 1
-    assert calls_per_sample(300e-6, cap=256, short_s=10e-3) == 34
-    # a 5 us call: the short samples stop at CALLS_CAP, a long request at its own cap
+    assert calls_per_sample(300e-6, short_s=10e-3) == 34
+    assert calls_per_sample(1e-3, short_s=10e-3) == 10
     assert calls_per_sample(5e-6, short_s=10e-3) == CALLS_CAP
-    assert calls_per_sample(5e-6, cap=256, short_s=10e-3) == 256
     # the calibration passes the cap on, and times single calls on distinct sets
     seen = []
-    k, single = calibrate(lambda i: seen.append(i) or 40e-6, 10e-3, cap=256)
-    assert (k, single, seen) == (250, 40e-6, [0, 1, 2])
+    k, single = calibrate(lambda i: seen.append(i) or 40e-6, 10e-3, cap=16)
+    assert (k, single, seen) == (16, 40e-6, [0, 1, 2])
 
 
 def test_the_sets_memory_grows_only_for_long_cuda_requests():
@@ -61,3 +60,33 @@ def test_a_benchmarks_settings_are_validated_by_name():
         GateConfig().with_settings(["cuda_placement=always"])
     with pytest.raises(ValueError, match="FIELD=VALUE"):
         GateConfig().with_settings(["cuda_request_s"])
+
+
+def test_the_offclock_floor_is_per_request_so_a_long_request_bounds_a_smaller_lie():
+    from tools.protocol import ShapeAB
+
+    gate = Gate(ROOT / "kernels" / "softmax", task_rel="softmax")
+
+    def shape(k):
+        return ShapeAB(shape="s", weight=1.0, pairs=10, speedup=1.0, speedup_lo=1.0, speedup_hi=1.0, time_a=300e-6,
+                       time_b=300e-6, offclock_a=20e-6, offclock_b=20e-6, offclock_a_se=0.0, calls_per_sample=k)
+
+    one, thirty = gate.offclock_allowance(shape(1)), gate.offclock_allowance(shape(30))
+    assert one == pytest.approx(max(GateConfig().offclock_abs_floor_s, GateConfig().offclock_rel_floor * 300e-6))
+    assert thirty == pytest.approx(one / 30)
+    # a runner reporting 5% less than its 300 us calls: inside the one-call floor, outside the 30-call one
+    lie = 0.05 * 300e-6
+    assert lie < one and lie > thirty
+
+
+def test_the_sets_memory_for_long_requests_is_a_fifth_of_the_device_at_most_half_what_is_free(monkeypatch):
+    import torch
+
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * gib, 140 * gib))
+    assert set_memory_cap("cuda", long_requests=True) == 28 * gib  # a fifth of 140
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (30 * gib, 140 * gib))
+    assert set_memory_cap("cuda", long_requests=True) == 15 * gib  # half of what is free
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * gib, 80 * gib))
+    assert set_memory_cap("cuda", long_requests=True) == SET_MEMORY_CAP["cuda"]  # never below the usual cap
+    assert set_memory_cap("cuda") == SET_MEMORY_CAP["cuda"]

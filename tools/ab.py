@@ -30,7 +30,7 @@ from tools.protocol import ABReport, ShapeAB
 from tools.spec import Spec
 from tools.protocol import WorkerRequest
 from tools.stats import MIN_EVIDENCE_STRETCH, DecisionRules, PassCriterion, median as _median, robust_se_of_quartile
-from tools.timing import CALLS_CAP, SHORT_CALL_S, calibrate, set_memory_cap, tensors_bytes
+from tools.timing import SHORT_CALL_S, calibrate, calls_per_sample, set_memory_cap, tensors_bytes
 
 # Each pass pays for fresh inputs, two cold probes and re-checks against the reference (for a big
 # attention shape the reference alone takes longer than many timed calls), so a pass holds several
@@ -56,6 +56,7 @@ class _Shape:
         self.ta: list[float] = []
         self.tb: list[float] = []
         self.k = 1
+        self.spin_calls: int | None = None  # long CUDA requests: the spin covers this many calls' enqueue
         self.passes = 0
         self.rechecked = 0
         self.problem: str | None = None  # first wrong timed output seen
@@ -106,13 +107,12 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
     # generator where it must draw: the draws of sets and orders stay what they were)
     place = (Placement([lib_a.runner, lib_b.runner], lib_a.threads, random.Random(seed ^ 0xC7))
              if (placement if device.type == "cpu" else cuda_placement) != "off" else None)
-    # CUDA C++ tasks: requests longer than one short sample, up to MAX_SETS calls (each on its own set) in one, so
-    # that the request's own cost is small beside its calls on the judge's clock (which bounds what the runner's
-    # events report: the gate's offclock check). Not Triton tasks: no candidate host code runs in their runners
+    # CUDA C++ tasks: requests longer than one short sample (GateConfig.cuda_request_s), so that the request's own
+    # cost is small beside its calls on the judge's clock, which bounds what the runner's events report (the gate's
+    # offclock check). Only for shapes whose one call fills a short sample already: shorter calls are enqueued
+    # slower than they run, and a request of them needs the spin over all its calls. Not Triton tasks: no
+    # candidate host code runs in their runners
     long_requests = device.type == "cuda" and cuda_request_s > SHORT_CALL_S and task.manifest.target != "triton"
-    min_sample_s = cuda_request_s if long_requests else lib_a.min_sample_s
-    if long_requests:
-        lib_a.spin_calls = lib_b.spin_calls = LONG_REQUEST_SPIN_CALLS
 
     states = []
     for name in shapes:
@@ -123,13 +123,15 @@ def ab_in_process(task: Task, spec: Spec, lib_a, lib_b, shapes: list[str], seed:
         warm = [st.key(i) for i in range(len(st.sets))]
         lib_a.call(warm)
         lib_b.call(warm)
-        st.k, _ = calibrate(lambda i: lib_a.sample([st.key(i % len(st.sets))]), min_sample_s,
-                            cap=MAX_SETS if long_requests else CALLS_CAP)
+        st.k, single = calibrate(lambda i: lib_a.sample([st.key(i % len(st.sets))]), lib_a.min_sample_s)
         lib_a._pending = lib_b._pending = None
+        if long_requests and single >= SHORT_CALL_S:
+            st.k = calls_per_sample(single, short_s=cuda_request_s)
+            st.spin_calls = LONG_REQUEST_SPIN_CALLS
         # within a pass no set may be called twice by one side: enough sets for PAIRS_PER_PASS samples
         # (at least one whole sample) in the memory cap
         per_set = tensors_bytes(st.sets[0][0]) + 2 * tensors_bytes(st.sets[0][1])
-        cap = set_memory_cap(device, long_requests) // max(per_set, 1)
+        cap = set_memory_cap(device, st.spin_calls is not None) // max(per_set, 1)
         while len(st.sets) < max(min(st.k, cap), min(st.k * PAIRS_PER_PASS, MAX_SETS, cap)):
             _add_set(spec, st, share(spec.make_inputs(dims, draws.next(), device), inputs=True), share, lib_a, lib_b)
         st.k = min(st.k, len(st.sets))
@@ -271,11 +273,11 @@ def one_pass(spec: Spec, task: Task, st: _Shape, draws: SecretDraws, rng: random
         if place is not None:
             place.draw()
         if rng.random() < 0.5:
-            lib_b.sample(keys, st.tb)
-            lib_a.sample(keys, st.ta)
+            lib_b.sample(keys, st.tb, st.spin_calls)
+            lib_a.sample(keys, st.ta, st.spin_calls)
         else:
-            lib_a.sample(keys, st.ta)
-            lib_b.sample(keys, st.tb)
+            lib_a.sample(keys, st.ta, st.spin_calls)
+            lib_b.sample(keys, st.tb, st.spin_calls)
     # CPU a runner used after answering is charged to its sample: settle the last ones now
     lib_a._gap()
     lib_b._gap()

@@ -23,8 +23,10 @@ it. A CPU drawn at random per pair was tried too: half its pairs shared the hog'
 Runners cannot move themselves where the sandbox's seccomp filter runs (tools/sandbox.py denies a CPU
 runner sched_setaffinity; a session says at its start whether it runs, and run.json records it). A
 side with `threads = N` gets the judge's CPU and N - 1 more drawn at random. CUDA tasks are not
-placed: their timed region is the device's, and pinning the driver's threads was never measured on a
-GPU host. Where the judge may use only as many CPUs as a side's threads (a `kloop parallel` slot, a
+placed by default: their timed region is the device's, and pinning the driver's threads was never measured on a
+GPU host. `GateConfig.cuda_placement = "current"` places them too, as a measurement aid only (the host side
+of a request, which the judge's clock around it holds): a CUDA runner may still move its own threads (the
+sandbox allows the driver that), so there it is no defence against a runner that wants another CPU. Where the judge may use only as many CPUs as a side's threads (a `kloop parallel` slot, a
 one-CPU container), there is nothing to choose and nothing is pinned.
 """
 

@@ -49,8 +49,6 @@ class RemoteLib:
         self._first_ns: int | None = None
         self.charged_ns = 0
         self.min_sample_s = SHORT_CALL_S if self.cuda else CPU_MIN_SAMPLE_S
-        # CUDA, long requests (tools/ab.py): the spin before a timed request covers this many calls' enqueue
-        self.spin_calls: int | None = None
         self.bound: set = set()
         # work after return: the runner's CPU time between an answer and its next request, which an
         # honest runner (blocked reading its pipe) does not use. Charged to the last timed sample.
@@ -157,10 +155,11 @@ class RemoteLib:
         self._answered()
         self.charged_ns += self._idle_from - c0  # the untimed call's own
 
-    def sample(self, keys: list, sink: list | None = None) -> float:
+    def sample(self, keys: list, sink: list | None = None, spin_calls: int | None = None) -> float:
         """Seconds per call for the calls `keys` (in order), cache cold before them; appended to `sink`,
-        where CPU the runner uses after answering is added later (work after return costs its time)."""
-        t = self._sample(keys) / len(keys)
+        where CPU the runner uses after answering is added later (work after return costs its time).
+        `spin_calls` (CUDA, long requests): the spin before the start event covers this many calls' enqueue."""
+        t = self._sample(keys, spin_calls) / len(keys)
         if sink is not None:
             sink.append(t)
             self.sample_leaks.append(0.0)
@@ -173,14 +172,14 @@ class RemoteLib:
         runner's to skip or shorten, for a warm cache and a shorter request."""
         self.timer.flush()  # finished before the request goes out: `_settle` follows
 
-    def _sample(self, keys: list) -> float:
+    def _sample(self, keys: list, spin_calls: int | None = None) -> float:
         if self.cuda:
             self._flush_device()
         self._settle()
         self._gap()
         if self.cuda:
             t0 = time.perf_counter()
-            spin = {"spin_calls": self.spin_calls} if self.spin_calls else {}
+            spin = {"spin_calls": spin_calls} if spin_calls else {}
             reply = self.runner.request("run", self.call_timeout, calls=list(keys), timed=True, spin=True, **spin)
             wall = time.perf_counter() - t0
             self._answered()

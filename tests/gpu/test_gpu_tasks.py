@@ -100,6 +100,7 @@ def test_long_requests_hold_many_calls_and_decide_like_short_ones(tmp_path):
     same = gate.decide(best, best, check=None, check_seed=0)
     assert same.ab is not None and all(s.calls_per_sample > 1 for s in same.ab.shapes), same.summary()
     assert not same.accepted and gate.integrity_problem(same.ab) is None, same.summary()
+    assert same.ab.placement_error is None and same.ab.placed_from_cpus > 1, same.ab  # both runners pinned per pair
     cand = tmp_path / "softmax"
     shutil.copytree(trusted, cand)
     gate.task.write_knob_settings(cand, {"VEC": 8})
