@@ -110,12 +110,18 @@ CASES = {
     "rt_thread_after_return": (faster, ("timing",), ["outside the timed region|outputs of timed calls are wrong"]),
     "rt_static_ctor": (faster, ("timing",), ["outside the timed region|outputs of timed calls are wrong"]),
     "rt_less_precise": (lambda r: r["ok"], ("check",), ["wrong results"]),
-    "rt_shape_special": (lambda r: faster(r, 1.5), ("check",), ["wrong results", "sq192"]),
+    # half the work on sq192 (x2): timed in turn with the honest one, as a load that comes and goes slows both alike
+    # (one after the other, CI once read the honest 3.1 ms before the cheat and 11.5 ms after, the cheat 2.2)
+    "rt_shape_special": (lambda r: r["ok"] and 1.5 * r["t_cheat_interleaved"] < r["t_honest_interleaved"],
+                         ("check",), ["wrong results", "sq192"]),
     "rt_read_environ": (lambda r: r.get("found") == 1, ("timing", "undecided"), []),
     # honest, plus ~80 ms in every second cold probe (no sample charges a probe): any naive harness that
     # checks once passes it; the gate bounds a probe's call like for like with the best's
     "rt_probe_spin": (lambda r: r["ok"], ("timing",), ["work in untimed calls"]),
 }
+
+
+INTERLEAVED = {"rt_patch_other", "rt_shape_special"}  # the naive harness also times them in turn with the honest one
 
 
 def task_copy(tmp: Path, cheat: str) -> Path:
@@ -146,7 +152,7 @@ def test_runtime_cheat_fools_a_naive_harness_and_not_the_gate(cheat, gate, hones
     assert built.ok, built.error_text()
     env = {"KLOOP_TEST_SECRET": "s3cr3t"} if cheat == "rt_read_environ" else None
     check_n = 64 if cheat == "rt_shape_special" else 96
-    r = naive(built.lib, honest.lib, check_n=check_n, env=env, mode="interleave" if cheat == "rt_patch_other" else "-")
+    r = naive(built.lib, honest.lib, check_n=check_n, env=env, mode="interleave" if cheat in INTERLEAVED else "-")
     assert fooled(r), f"{cheat} does not fool the naive harness: {r}"
 
     os.environ["KLOOP_TEST_SECRET"] = "s3cr3t"  # the session holds a secret; the judge and runners must not
