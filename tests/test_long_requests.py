@@ -90,3 +90,36 @@ def test_the_sets_memory_for_long_requests_is_a_fifth_of_the_device_at_most_half
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * gib, 80 * gib))
     assert set_memory_cap("cuda", long_requests=True) == SET_MEMORY_CAP["cuda"]  # never below the usual cap
     assert set_memory_cap("cuda") == SET_MEMORY_CAP["cuda"]
+
+
+class _FakeRunner:
+    """What RemoteLib asks of a runner, recorded: a CUDA runner's reply without a GPU."""
+
+    freeze = False
+
+    def __init__(self):
+        self.requests = []
+
+    def cpu_ns(self):
+        return 0
+
+    def request(self, op, timeout, fds=(), keep_running=False, **kw):
+        self.requests.append((op, kw))
+        return {"times": [1e-3], "trailing": [0.0]}
+
+
+def test_a_timed_cuda_request_asks_for_a_shorter_spin_only_when_told(monkeypatch):
+    import torch
+
+    from tools.remote import RemoteLib
+
+    runner = _FakeRunner()
+    lib = RemoteLib(runner, arena=None, device=torch.device("cuda"), timer=None, call_timeout=5.0)
+    monkeypatch.setattr(lib, "_flush_device", lambda: None)
+    monkeypatch.setattr(lib, "_settle", lambda: None)
+    keys = [("s", i) for i in range(8)]
+    lib.sample(keys, [])  # the default: the spin covers every call of the request
+    lib.sample(keys, [], spin_calls=4)  # a long request: the first 4 calls' enqueue only
+    (op1, kw1), (op2, kw2) = runner.requests
+    assert (op1, op2) == ("run", "run") and kw1["calls"] == kw2["calls"] == keys
+    assert kw1["spin"] and kw2["spin"] and "spin_calls" not in kw1 and kw2["spin_calls"] == 4
