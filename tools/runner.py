@@ -281,7 +281,8 @@ class Runner:
 
     def pin(self, cpus) -> None:
         """Every thread of the runner onto `cpus` (tools/placement.py). Threads it starts later inherit
-        the mask; it cannot change it itself (sched_setaffinity is denied in runners). A thread that
+        the mask; a CPU runner cannot change it itself (seccomp denies it sched_setaffinity; a CUDA runner may
+        move its own threads, which the driver needs: there placement is a measurement aid). A thread that
         exits meanwhile is skipped; any other refusal raises OSError."""
         base = f"/proc/{self.pid}/task"
         for tid in os.listdir(base):
