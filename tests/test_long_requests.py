@@ -21,10 +21,10 @@ def test_a_long_request_holds_as_many_calls_as_fill_it_up_to_the_cap():
     assert calls_per_sample(300e-6, short_s=10e-3) == 34
     assert calls_per_sample(1e-3, short_s=10e-3) == 10
     assert calls_per_sample(5e-6, short_s=10e-3) == CALLS_CAP
-    # the calibration passes the cap on, and times single calls on distinct sets
+    # the calibration times single calls on distinct sets and keeps the fastest
     seen = []
-    k, single = calibrate(lambda i: seen.append(i) or 40e-6, 10e-3, cap=16)
-    assert (k, single, seen) == (16, 40e-6, [0, 1, 2])
+    k, single = calibrate(lambda i: seen.append(i) or (40e-6 if i == 1 else 90e-6), 10e-3)
+    assert (k, single, seen) == (CALLS_CAP, 40e-6, [0, 1, 2])
 
 
 def test_the_sets_memory_grows_only_for_long_cuda_requests():

@@ -18,7 +18,7 @@ from tools.stats import quantile
 CPU_CACHE_BYTES = 32 << 20  # no portable way to read the LLC size; a generous guess
 SET_MEMORY_CAP = {"cuda": 8 << 30, "cpu": 512 << 20}  # bytes all rotated input sets may take
 SHORT_CALL_S = 50e-6
-CALLS_CAP = 64  # calls in one timed sample, at most (more only for long CUDA requests: tools/ab.py)
+CALLS_CAP = 64  # calls in one timed sample (or long CUDA request: tools/ab.py), at most
 IDLE_WINDOW_S = 2e-3  # after an integrity probe: how long to watch the idle process for CPU use  # below this, several calls go in one timed sample
 
 
@@ -188,13 +188,12 @@ class Timer:
         return int(max(1, min(want, 16, cap)))
 
 
-def calibrate(sample_one: Callable[[int], float], min_sample_s: float = SHORT_CALL_S, tries: int = 3,
-              cap: int = CALLS_CAP) -> tuple[int, float]:
+def calibrate(sample_one: Callable[[int], float], min_sample_s: float = SHORT_CALL_S, tries: int = 3) -> tuple[int, float]:
     """(calls per timed sample, seconds of one call): the fastest of `tries` single-call samples
     (`sample_one(i)`: seconds of one call on input set i). The one calibration of every timing
     (the A/B decision, the bench of a build and of the comparators)."""
     single = min(sample_one(i) for i in range(tries))
-    return calls_per_sample(single, cap=cap, short_s=min_sample_s), single
+    return calls_per_sample(single, short_s=min_sample_s), single
 
 
 def set_memory_cap(device, long_requests: bool = False) -> int:
