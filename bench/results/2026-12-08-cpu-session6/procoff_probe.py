@@ -27,7 +27,12 @@ getcpu = ctypes.CDLL(None).sched_getcpu
 out = []
 for trial in range(TRIALS):
     extra = [SHARED] if SHARED else []
-    ps = [subprocess.Popen([sys.executable, "-c", WORKER, LIB, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    libs = [LIB, LIB]
+    if os.environ.get("TWO_FILES"):  # each process its own copy of the library file (own page-cache pages)
+        import shutil
+        libs = [f"/dev/shm/procoff_lib{trial}_{i}.so" for i in range(2)]
+        for dst in libs: shutil.copyfile(LIB, dst)
+    ps = [subprocess.Popen([sys.executable, "-c", WORKER, libs[i], *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(2)]
     def run(p):
         p.stdin.write(f"{CALLS}\n"); p.stdin.flush(); return int(p.stdout.readline())
     for p in ps: run(p)  # warm
