@@ -203,8 +203,6 @@ def set_memory_cap(device, long_requests: bool = False) -> int:
     kind = "cuda" if getattr(device, "type", device) == "cuda" else "cpu"
     if kind != "cuda" or not long_requests:
         return SET_MEMORY_CAP[kind]
-    import torch
-
     free, total = torch.cuda.mem_get_info(device)
     return max(SET_MEMORY_CAP["cuda"], min(total // 5, free // 2))
 
